@@ -1,0 +1,228 @@
+/* Inference state (KV cache, conv and recurrent states), the per-shape graph cache, evaluation. */
+#include "pq-internal.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+static bool cache_type_ok(int32_t t) {
+    return t == PQ_CACHE_F32 || t == PQ_CACHE_F16 || t == PQ_CACHE_Q8_0 || t == PQ_CACHE_Q4_0;
+}
+
+static int alloc_state(struct pq_ctx * ctx) {
+    const struct pq_model * m = ctx->model;
+    const struct pq_hparams * hp = &m->hp;
+    const int64_t n_ctx = ctx->params.n_ctx;
+    struct ggml_init_params ip = { .mem_size = (size_t) (4 * hp->n_layer + 1) * ggml_tensor_overhead(), .mem_buffer = NULL, .no_alloc = true };
+    ctx->ctx_state_cpu = ggml_init(ip);
+    if (m->backend_gpu) ctx->ctx_state_gpu = ggml_init(ip);
+    for (int il = 0; il < hp->n_layer; ++il) {
+        struct ggml_context * c = m->layers[il].on_gpu ? ctx->ctx_state_gpu : ctx->ctx_state_cpu;
+        if (pq_is_recurrent(hp, il)) {
+            ctx->conv_state[il] = ggml_new_tensor_2d(c, GGML_TYPE_F32, hp->conv_kernel - 1, pq_conv_channels(hp));
+            ctx->ssm_state[il] = ggml_new_tensor_4d(c, GGML_TYPE_F32, hp->ssm_d_state, hp->ssm_d_state, hp->ssm_n_v_heads, 1);
+        } else {
+            const int64_t row = (int64_t) hp->head_dim * hp->n_head_kv;
+            ctx->k_cache[il] = ggml_new_tensor_2d(c, (enum ggml_type) ctx->params.type_k, row, n_ctx);
+            ctx->v_cache[il] = ggml_new_tensor_2d(c, (enum ggml_type) ctx->params.type_v, row, n_ctx);
+        }
+    }
+    ctx->buf_state_cpu = ggml_backend_alloc_ctx_tensors_from_buft(ctx->ctx_state_cpu, ggml_backend_get_default_buffer_type(m->backend_cpu));
+    if (ggml_get_first_tensor(ctx->ctx_state_cpu) && !ctx->buf_state_cpu) return pq_fail("out of host memory for the KV cache and states");
+    if (ctx->ctx_state_gpu && ggml_get_first_tensor(ctx->ctx_state_gpu)) {
+        ctx->buf_state_gpu = ggml_backend_alloc_ctx_tensors_from_buft(ctx->ctx_state_gpu, ggml_backend_get_default_buffer_type(m->backend_gpu));
+        if (!ctx->buf_state_gpu) return pq_fail("out of GPU memory for the KV cache and states (n_ctx=%lld)", (long long) n_ctx);
+    }
+    return 0;
+}
+
+void pq_ctx_reset(pq_ctx * ctx) {
+    /* Recurrent states must start at zero; the KV cache is masked, but clear it too so a
+     * reset context is bit-identical to a new one. */
+    if (ctx->buf_state_cpu) ggml_backend_buffer_clear(ctx->buf_state_cpu, 0);
+    if (ctx->buf_state_gpu) ggml_backend_buffer_clear(ctx->buf_state_gpu, 0);
+    ctx->n_past = 0;
+}
+
+static void free_graph(struct pq_graph * g) {
+    if (g->ctx) ggml_free(g->ctx);
+    memset(g, 0, sizeof(*g));
+}
+
+/* Returns the cached graph for this shape, building it (and evicting the least recently used
+ * one) when needed. */
+static struct pq_graph * get_graph(struct pq_ctx * ctx, int32_t n_tokens, int32_t n_kv, int32_t out_mode, int * index) {
+    int victim = 0;
+    for (int i = 0; i < PQ_MAX_GRAPHS; ++i) {
+        struct pq_graph * g = &ctx->graphs[i];
+        if (g->ctx && g->n_tokens == n_tokens && g->n_kv == n_kv && g->out_mode == out_mode) {
+            g->last_used = ++ctx->tick;
+            *index = i;
+            return g;
+        }
+        if (!g->ctx) victim = i;
+        else if (ctx->graphs[victim].ctx && g->last_used < ctx->graphs[victim].last_used) victim = i;
+    }
+    struct pq_graph * g = &ctx->graphs[victim];
+    free_graph(g);
+    if (ctx->active_graph == victim) ctx->active_graph = -1;
+    g->n_tokens = n_tokens;
+    g->n_kv = n_kv;
+    g->out_mode = out_mode;
+    g->last_used = ++ctx->tick;
+    g->gf = pq_build_graph(ctx, g);
+    if (!g->gf) {
+        free_graph(g);
+        pq_fail("could not build the compute graph");
+        return NULL;
+    }
+    *index = victim;
+    return g;
+}
+
+static int32_t kv_span(const struct pq_ctx * ctx, int32_t n_end) {
+    int32_t n = (n_end + PQ_KV_PAD - 1) / PQ_KV_PAD * PQ_KV_PAD;
+    return n < ctx->params.n_ctx ? n : ctx->params.n_ctx;
+}
+
+int pq_ctx_new(pq_model * model, const pq_ctx_params * params, pq_ctx ** out) {
+    *out = NULL;
+    if (params->n_ctx <= 0) return pq_fail("n_ctx must be positive, got %d", params->n_ctx);
+    if (params->n_batch <= 0) return pq_fail("n_batch must be positive, got %d", params->n_batch);
+    if (!cache_type_ok(params->type_k) || !cache_type_ok(params->type_v)) return pq_fail("unsupported KV cache type");
+    if (params->type_k != PQ_CACHE_F32 && params->type_k != PQ_CACHE_F16 && model->hp.head_dim % 32 != 0) {
+        return pq_fail("quantized KV cache needs a head dim multiple of 32");
+    }
+    struct pq_ctx * ctx = calloc(1, sizeof(*ctx));
+    if (!ctx) return pq_fail("out of memory");
+    ctx->model = model;
+    ctx->params = *params;
+    ctx->active_graph = -1;
+    const int32_t nb = params->n_batch < params->n_ctx ? params->n_batch : params->n_ctx;
+    ctx->params.n_batch = nb;
+    ctx->mask_buf = malloc(sizeof(uint16_t) * (size_t) kv_span(ctx, params->n_ctx) * nb);
+    ctx->pos_buf = malloc(sizeof(int32_t) * nb);
+    ctx->idx_buf = malloc(sizeof(int64_t) * nb);
+    if (!ctx->mask_buf || !ctx->pos_buf || !ctx->idx_buf || alloc_state(ctx)) goto fail;
+
+    ggml_backend_t backends[2];
+    int n_backends = 0;
+    if (model->backend_gpu) backends[n_backends++] = model->backend_gpu;
+    backends[n_backends++] = model->backend_cpu;
+    ctx->sched = ggml_backend_sched_new(backends, NULL, n_backends, 16384, false, model->backend_gpu != NULL);
+    if (!ctx->sched) { pq_fail("could not create the scheduler"); goto fail; }
+
+    /* Reserve compute buffers for the largest pass up front, so memory use is known now. */
+    int gi;
+    struct pq_graph * g = get_graph(ctx, nb, kv_span(ctx, params->n_ctx), 1, &gi);
+    if (!g || !ggml_backend_sched_reserve(ctx->sched, g->gf)) { pq_fail("could not reserve compute buffers (out of memory?)"); goto fail; }
+    pq_ctx_reset(ctx);
+    *out = ctx;
+    return 0;
+fail:
+    pq_ctx_free(ctx);
+    return -1;
+}
+
+void pq_ctx_free(pq_ctx * ctx) {
+    if (!ctx) return;
+    for (int i = 0; i < PQ_MAX_GRAPHS; ++i) free_graph(&ctx->graphs[i]);
+    if (ctx->sched) ggml_backend_sched_free(ctx->sched);
+    if (ctx->buf_state_cpu) ggml_backend_buffer_free(ctx->buf_state_cpu);
+    if (ctx->buf_state_gpu) ggml_backend_buffer_free(ctx->buf_state_gpu);
+    if (ctx->ctx_state_cpu) ggml_free(ctx->ctx_state_cpu);
+    if (ctx->ctx_state_gpu) ggml_free(ctx->ctx_state_gpu);
+    free(ctx->mask_buf);
+    free(ctx->pos_buf);
+    free(ctx->idx_buf);
+    free(ctx);
+}
+
+int32_t pq_ctx_n_past(const pq_ctx * ctx) { return ctx->n_past; }
+
+int64_t pq_ctx_memory_bytes(const pq_ctx * ctx) {
+    int64_t total = 0;
+    if (ctx->buf_state_cpu) total += ggml_backend_buffer_get_size(ctx->buf_state_cpu);
+    if (ctx->buf_state_gpu) total += ggml_backend_buffer_get_size(ctx->buf_state_gpu);
+    for (int i = 0; i < ggml_backend_sched_get_n_backends(ctx->sched); ++i) {
+        total += ggml_backend_sched_get_buffer_size(ctx->sched, ggml_backend_sched_get_backend(ctx->sched, i));
+    }
+    return total;
+}
+
+/* One forward pass of n tokens (n <= n_batch) at the current position. */
+static int run_pass(struct pq_ctx * ctx, const int32_t * tokens, int32_t n, int32_t out_mode, void * out) {
+    const int32_t n_past = ctx->n_past;
+    const int32_t n_kv = kv_span(ctx, n_past + n);
+    int gi;
+    struct pq_graph * g = get_graph(ctx, n, n_kv, out_mode, &gi);
+    if (!g) return -1;
+    if (ctx->active_graph != gi) {
+        ggml_backend_sched_reset(ctx->sched);
+        if (!ggml_backend_sched_alloc_graph(ctx->sched, g->gf)) return pq_fail("could not allocate the compute graph");
+        ctx->active_graph = gi;
+    }
+    const ggml_fp16_t zero = ggml_fp32_to_fp16(0.0f), ninf = ggml_fp32_to_fp16(-INFINITY);
+    for (int32_t i = 0; i < n; ++i) {
+        ctx->pos_buf[i] = n_past + i;
+        ctx->idx_buf[i] = n_past + i;
+        uint16_t * row = ctx->mask_buf + (size_t) i * n_kv;
+        for (int32_t j = 0; j < n_kv; ++j) row[j] = j <= n_past + i ? zero : ninf;
+    }
+    ggml_backend_tensor_set(g->inp_tokens, tokens, 0, sizeof(int32_t) * n);
+    ggml_backend_tensor_set(g->inp_pos, ctx->pos_buf, 0, sizeof(int32_t) * n);
+    ggml_backend_tensor_set(g->inp_kv_idx, ctx->idx_buf, 0, sizeof(int64_t) * n);
+    ggml_backend_tensor_set(g->inp_mask, ctx->mask_buf, 0, sizeof(uint16_t) * (size_t) n * n_kv);
+    if (ggml_backend_sched_graph_compute(ctx->sched, g->gf) != GGML_STATUS_SUCCESS) {
+        return pq_fail("the backend failed to compute the graph");
+    }
+    ctx->n_past += n;
+    if (out) ggml_backend_tensor_get(g->out, out, 0, ggml_nbytes(g->out));
+    return 0;
+}
+
+static int check_tokens(const struct pq_ctx * ctx, const int32_t * tokens, int32_t n) {
+    const int32_t n_vocab = ctx->model->hp.n_vocab;
+    for (int32_t i = 0; i < n; ++i) {
+        if (tokens[i] < 0 || tokens[i] >= n_vocab) {
+            return pq_fail("token id %d at position %d is out of range [0, %d)", tokens[i], i, n_vocab);
+        }
+    }
+    if (ctx->n_past + n > ctx->params.n_ctx) {
+        return pq_fail("context overflow: %d tokens in the context + %d new > n_ctx=%d", ctx->n_past, n, ctx->params.n_ctx);
+    }
+    return 0;
+}
+
+int pq_ctx_eval(pq_ctx * ctx, const int32_t * tokens, int32_t n_tokens, int32_t logits_all, float * logits_out) {
+    if (n_tokens <= 0) return pq_fail("no tokens to evaluate");
+    if (check_tokens(ctx, tokens, n_tokens)) return -1;
+    const int32_t n_vocab = ctx->model->hp.n_vocab;
+    for (int32_t done = 0; done < n_tokens;) {
+        const int32_t n = n_tokens - done < ctx->params.n_batch ? n_tokens - done : ctx->params.n_batch;
+        const bool last = done + n == n_tokens;
+        float * out = NULL;
+        if (logits_out && logits_all) out = logits_out + (size_t) done * n_vocab;
+        else if (logits_out && last) out = logits_out;
+        if (run_pass(ctx, tokens + done, n, logits_all ? 1 : 0, out)) return -1;
+        done += n;
+    }
+    return 0;
+}
+
+int pq_ctx_decode_sample(pq_ctx * ctx, int32_t token, const pq_sampling * s,
+                         const int32_t * history, int32_t n_history, float uniform, int32_t * out_token) {
+    if (check_tokens(ctx, &token, 1)) return -1;
+    const bool greedy = s->temperature <= 0.0f && (s->repeat_penalty == 1.0f || n_history == 0);
+    if (greedy) {
+        /* argmax runs in the graph: one int comes back instead of the logits */
+        return run_pass(ctx, &token, 1, 2, out_token);
+    }
+    const int32_t n_vocab = ctx->model->hp.n_vocab;
+    float * logits = malloc(sizeof(float) * n_vocab);
+    if (!logits) return pq_fail("out of memory");
+    int rc = run_pass(ctx, &token, 1, 0, logits);
+    if (rc == 0) rc = pq_sample_logits(logits, n_vocab, s, history, n_history, uniform, out_token);
+    free(logits);
+    return rc;
+}

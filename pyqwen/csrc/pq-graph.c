@@ -1,0 +1,139 @@
+/* The Qwen3.5 forward graph: Gated DeltaNet layers, gated full attention every
+ * full_attn_interval-th layer, SwiGLU FFN. Built once per shape and replayed. */
+#include "pq-internal.h"
+
+#include <math.h>
+
+#define PQ_GRAPH_SIZE 16384
+
+static struct ggml_tensor * norm(struct ggml_context * c, struct ggml_tensor * x, struct ggml_tensor * w, float eps) {
+    return ggml_mul(c, ggml_rms_norm(c, x, eps), w);
+}
+
+/* x / sqrt(sum(x^2) + eps) along rows, written as an RMS norm so it is one fused op. */
+static struct ggml_tensor * l2_norm(struct ggml_context * c, struct ggml_tensor * x, float eps) {
+    const float n = (float) x->ne[0];
+    return ggml_scale(c, ggml_rms_norm(c, x, eps / n), 1.0f / sqrtf(n));
+}
+
+static struct ggml_tensor * deltanet_block(struct pq_ctx * ctx, struct ggml_context * c, struct ggml_cgraph * gf,
+                                           struct ggml_tensor * h, int il) {
+    const struct pq_hparams * hp = &ctx->model->hp;
+    const struct pq_layer * L = &ctx->model->layers[il];
+    const int64_t n = h->ne[1];
+    const int64_t S = hp->ssm_d_state, HK = hp->ssm_n_k_heads, HV = hp->ssm_n_v_heads;
+    const int64_t C = pq_conv_channels(hp), K1 = hp->conv_kernel - 1;
+
+    struct ggml_tensor * qkv = ggml_mul_mat(c, L->wqkv, h);                      /* [C, n] */
+    struct ggml_tensor * z   = ggml_mul_mat(c, L->wz, h);                        /* [HV*S, n] */
+    struct ggml_tensor * beta = ggml_sigmoid(c, ggml_mul_mat(c, L->w_beta, h));  /* [HV, n] */
+    /* decay g = -exp(A_log) * softplus(alpha + dt_bias), kept in log space for the op */
+    struct ggml_tensor * alpha = ggml_add(c, ggml_mul_mat(c, L->w_alpha, h), L->dt_bias);
+    struct ggml_tensor * gate = ggml_mul(c, ggml_softplus(c, alpha), L->ssm_a);
+
+    /* causal conv1d over [previous K1 inputs | this pass], then keep the last K1 as new state */
+    struct ggml_tensor * conv_state = ctx->conv_state[il];                      /* [K1, C] */
+    struct ggml_tensor * conv_in = ggml_concat(c, conv_state, ggml_transpose(c, qkv), 0); /* [K1+n, C] */
+    ggml_build_forward_expand(gf, ggml_cpy(c,
+        ggml_view_2d(c, conv_in, K1, C, conv_in->nb[1], n * ggml_element_size(conv_in)), conv_state));
+    struct ggml_tensor * conv = ggml_silu(c, ggml_ssm_conv(c, ggml_reshape_3d(c, conv_in, K1 + n, C, 1), L->conv1d)); /* [C, n, 1] */
+
+    const size_t es = ggml_element_size(conv);
+    struct ggml_tensor * q = ggml_view_4d(c, conv, S, HK, n, 1, S * es, conv->nb[1], conv->nb[2], 0);
+    struct ggml_tensor * k = ggml_view_4d(c, conv, S, HK, n, 1, S * es, conv->nb[1], conv->nb[2], S * HK * es);
+    struct ggml_tensor * v = ggml_view_4d(c, conv, S, HV, n, 1, S * es, conv->nb[1], conv->nb[2], 2 * S * HK * es);
+    q = l2_norm(c, q, hp->norm_eps);
+    k = l2_norm(c, k, hp->norm_eps);
+
+    struct ggml_tensor * state = ctx->ssm_state[il];                            /* [S, S, HV, 1] */
+    struct ggml_tensor * out = ggml_gated_delta_net(c, q, k, v,
+        ggml_reshape_4d(c, gate, 1, HV, n, 1), ggml_reshape_4d(c, beta, 1, HV, n, 1), state, 1);
+    struct ggml_tensor * attn = ggml_view_3d(c, out, S, HV, n, S * es, S * HV * es, 0);
+    struct ggml_tensor * new_state = ggml_view_4d(c, out, S, S, HV, 1, S * es, S * S * es, S * S * HV * es,
+                                                  S * HV * n * es);
+    ggml_build_forward_expand(gf, ggml_cpy(c, new_state, state));
+
+    /* gated RMSNorm with z, then the output projection */
+    struct ggml_tensor * o = ggml_mul(c, norm(c, attn, L->ssm_norm, hp->norm_eps),
+                                      ggml_silu(c, ggml_reshape_3d(c, z, S, HV, n)));
+    return ggml_mul_mat(c, L->ssm_out, ggml_reshape_2d(c, o, S * HV, n));
+}
+
+static struct ggml_tensor * attention_block(struct pq_ctx * ctx, struct pq_graph * g, struct ggml_context * c,
+                                            struct ggml_cgraph * gf, struct ggml_tensor * h, int il) {
+    const struct pq_hparams * hp = &ctx->model->hp;
+    const struct pq_layer * L = &ctx->model->layers[il];
+    const int64_t n = h->ne[1], D = hp->head_dim, NH = hp->n_head, NKV = hp->n_head_kv;
+
+    /* q_proj holds, per head, D query rows followed by D gate rows */
+    struct ggml_tensor * qg = ggml_mul_mat(c, L->wq, h);                        /* [2*D*NH, n] */
+    const size_t es = ggml_element_size(qg);
+    struct ggml_tensor * q = ggml_view_3d(c, qg, D, NH, n, 2 * D * es, 2 * D * NH * es, 0);
+    struct ggml_tensor * gate = ggml_cont_2d(c, ggml_view_3d(c, qg, D, NH, n, 2 * D * es, 2 * D * NH * es, D * es), D * NH, n);
+    q = norm(c, q, L->q_norm, hp->norm_eps);
+    struct ggml_tensor * k = norm(c, ggml_reshape_3d(c, ggml_mul_mat(c, L->wk, h), D, NKV, n), L->k_norm, hp->norm_eps);
+    struct ggml_tensor * v = ggml_reshape_3d(c, ggml_mul_mat(c, L->wv, h), D, NKV, n);
+
+    /* Text positions are equal in all M-RoPE sections, which makes interleaved M-RoPE plain NeoX
+     * rotation of the first n_rot dims. */
+    q = ggml_rope_ext(c, q, g->inp_pos, NULL, hp->n_rot, GGML_ROPE_TYPE_NEOX, 0, hp->rope_base, 1.0f, 0.0f, 1.0f, 0.0f, 0.0f);
+    k = ggml_rope_ext(c, k, g->inp_pos, NULL, hp->n_rot, GGML_ROPE_TYPE_NEOX, 0, hp->rope_base, 1.0f, 0.0f, 1.0f, 0.0f, 0.0f);
+
+    struct ggml_tensor * kc = ctx->k_cache[il], * vc = ctx->v_cache[il];        /* [D*NKV, n_ctx] */
+    ggml_build_forward_expand(gf, ggml_set_rows(c, kc, ggml_reshape_2d(c, k, D * NKV, n), g->inp_kv_idx));
+    ggml_build_forward_expand(gf, ggml_set_rows(c, vc, ggml_reshape_2d(c, v, D * NKV, n), g->inp_kv_idx));
+    struct ggml_tensor * K = ggml_view_3d(c, kc, D, g->n_kv, NKV, kc->nb[1], ggml_row_size(kc->type, D), 0);
+    struct ggml_tensor * V = ggml_view_3d(c, vc, D, g->n_kv, NKV, vc->nb[1], ggml_row_size(vc->type, D), 0);
+
+    struct ggml_tensor * a = ggml_flash_attn_ext(c, ggml_permute(c, q, 0, 2, 1, 3), K, V, g->inp_mask,
+                                                 1.0f / sqrtf((float) D), 0.0f, 0.0f);  /* [D, NH, n] */
+    a = ggml_mul(c, ggml_reshape_2d(c, a, D * NH, n), ggml_sigmoid(c, gate));
+    return ggml_mul_mat(c, L->wo, a);
+}
+
+static struct ggml_tensor * ffn_block(struct ggml_context * c, const struct pq_layer * L, struct ggml_tensor * h) {
+    struct ggml_tensor * act = ggml_mul(c, ggml_silu(c, ggml_mul_mat(c, L->ffn_gate, h)), ggml_mul_mat(c, L->ffn_up, h));
+    return ggml_mul_mat(c, L->ffn_down, act);
+}
+
+struct ggml_cgraph * pq_build_graph(struct pq_ctx * ctx, struct pq_graph * g) {
+    const struct pq_model * m = ctx->model;
+    const struct pq_hparams * hp = &m->hp;
+    const int64_t n = g->n_tokens;
+
+    struct ggml_init_params ip = {
+        .mem_size = ggml_tensor_overhead() * PQ_GRAPH_SIZE + ggml_graph_overhead_custom(PQ_GRAPH_SIZE, false),
+        .mem_buffer = NULL,
+        .no_alloc = true,
+    };
+    struct ggml_context * c = ggml_init(ip);
+    if (!c) return NULL;
+    g->ctx = c;
+    struct ggml_cgraph * gf = ggml_new_graph_custom(c, PQ_GRAPH_SIZE, false);
+
+    g->inp_tokens = ggml_new_tensor_1d(c, GGML_TYPE_I32, n);
+    g->inp_pos    = ggml_new_tensor_1d(c, GGML_TYPE_I32, n);
+    g->inp_kv_idx = ggml_new_tensor_1d(c, GGML_TYPE_I64, n);
+    g->inp_mask   = ggml_new_tensor_2d(c, GGML_TYPE_F16, g->n_kv, n);
+    ggml_set_input(g->inp_tokens);
+    ggml_set_input(g->inp_pos);
+    ggml_set_input(g->inp_kv_idx);
+    ggml_set_input(g->inp_mask);
+
+    struct ggml_tensor * x = ggml_get_rows(c, m->tok_embd, g->inp_tokens);      /* [E, n] */
+    for (int il = 0; il < hp->n_layer; ++il) {
+        const struct pq_layer * L = &m->layers[il];
+        struct ggml_tensor * h = norm(c, x, L->attn_norm, hp->norm_eps);
+        h = pq_is_recurrent(hp, il) ? deltanet_block(ctx, c, gf, h, il) : attention_block(ctx, g, c, gf, h, il);
+        x = ggml_add(c, x, h);
+        x = ggml_add(c, x, ffn_block(c, L, norm(c, x, L->post_norm, hp->norm_eps)));
+    }
+    if (g->out_mode != 1) {
+        x = ggml_view_2d(c, x, hp->n_embd, 1, x->nb[1], (n - 1) * x->nb[1]);   /* only the last row */
+    }
+    struct ggml_tensor * logits = ggml_mul_mat(c, m->output, norm(c, x, m->output_norm, hp->norm_eps));
+    g->out = g->out_mode == 2 ? ggml_argmax(c, logits) : logits;
+    ggml_set_output(g->out);
+    ggml_build_forward_expand(gf, g->out);
+    return gf;
+}

@@ -1,0 +1,143 @@
+/* Internal structures of the pyqwen runtime, shared by pq-*.c. */
+#ifndef PQ_INTERNAL_H
+#define PQ_INTERNAL_H
+
+#include "pyqwen.h"
+
+#include "ggml.h"
+#include "ggml-alloc.h"
+#include "ggml-backend.h"
+#include "ggml-cpu.h"
+#include "gguf.h"
+
+#include <stdbool.h>
+
+#define PQ_MAX_LAYERS 256
+#define PQ_MAX_GRAPHS 8          /* graphs kept built, one per shape */
+#define PQ_KV_PAD     256        /* attention spans the cache in steps of this many cells */
+
+/* Sets the thread-local error message; returns -1 so callers can `return pq_fail(...)`. */
+int pq_fail(const char * fmt, ...);
+
+struct pq_hparams {
+    int32_t n_vocab;
+    int32_t n_ctx_train;
+    int32_t n_embd;
+    int32_t n_layer;             /* trunk layers */
+    int32_t n_layer_all;         /* trunk + MTP layers stored in the file */
+    int32_t n_ff;
+    int32_t n_head;
+    int32_t n_head_kv;
+    int32_t head_dim;
+    int32_t n_rot;
+    float   rope_base;
+    float   norm_eps;
+    int32_t full_attn_interval;
+    /* Gated DeltaNet */
+    int32_t conv_kernel;         /* d_conv */
+    int32_t ssm_d_state;         /* head dim of k and v */
+    int32_t ssm_n_k_heads;       /* group count */
+    int32_t ssm_n_v_heads;       /* time step rank */
+    int32_t ssm_d_inner;         /* n_v_heads * d_state */
+};
+
+static inline bool pq_is_recurrent(const struct pq_hparams * hp, int il) {
+    return il < hp->n_layer && (il + 1) % hp->full_attn_interval != 0;
+}
+
+static inline int32_t pq_conv_channels(const struct pq_hparams * hp) {
+    return 2 * hp->ssm_n_k_heads * hp->ssm_d_state + hp->ssm_d_inner;
+}
+
+struct pq_layer {
+    struct ggml_tensor * attn_norm;
+    struct ggml_tensor * post_norm;
+    /* full attention */
+    struct ggml_tensor * wq;     /* query and gate, interleaved per head */
+    struct ggml_tensor * wk;
+    struct ggml_tensor * wv;
+    struct ggml_tensor * wo;
+    struct ggml_tensor * q_norm;
+    struct ggml_tensor * k_norm;
+    /* Gated DeltaNet */
+    struct ggml_tensor * wqkv;
+    struct ggml_tensor * wz;
+    struct ggml_tensor * conv1d;
+    struct ggml_tensor * dt_bias;
+    struct ggml_tensor * ssm_a;
+    struct ggml_tensor * w_beta;
+    struct ggml_tensor * w_alpha;
+    struct ggml_tensor * ssm_norm;
+    struct ggml_tensor * ssm_out;
+    /* SwiGLU FFN */
+    struct ggml_tensor * ffn_gate;
+    struct ggml_tensor * ffn_up;
+    struct ggml_tensor * ffn_down;
+    bool on_gpu;
+};
+
+struct pq_model {
+    struct pq_hparams hp;
+    struct pq_layer layers[PQ_MAX_LAYERS];
+    struct ggml_tensor * tok_embd;
+    struct ggml_tensor * output_norm;
+    struct ggml_tensor * output;
+
+    ggml_backend_t backend_cpu;
+    ggml_backend_t backend_gpu;  /* NULL in CPU builds or when nothing is offloaded */
+    int32_t n_threads;
+    int32_t n_gpu_layers;
+    bool    output_on_gpu;
+
+    struct ggml_context * ctx_cpu;   /* tensor metadata, per placement */
+    struct ggml_context * ctx_gpu;
+    ggml_backend_buffer_t buf_cpu;
+    ggml_backend_buffer_t buf_gpu;
+    int64_t n_params;
+    int64_t size_bytes;
+};
+
+/* One built graph for a given shape (tokens per pass, attended cache cells, logits wanted). */
+struct pq_graph {
+    int32_t n_tokens;
+    int32_t n_kv;
+    int32_t out_mode;            /* 0 last row's logits, 1 all rows, 2 argmax of the last row */
+    uint64_t last_used;
+    struct ggml_context * ctx;
+    struct ggml_cgraph  * gf;
+    struct ggml_tensor  * inp_tokens;   /* I32 [n_tokens] */
+    struct ggml_tensor  * inp_pos;      /* I32 [n_tokens] */
+    struct ggml_tensor  * inp_kv_idx;   /* I64 [n_tokens], cache cells written */
+    struct ggml_tensor  * inp_mask;     /* F16 [n_kv, n_tokens] */
+    struct ggml_tensor  * out;          /* logits or argmax */
+};
+
+struct pq_ctx {
+    struct pq_model * model;
+    struct pq_ctx_params params;
+    int32_t n_past;
+
+    /* Per layer: KV cache (attention) or conv + recurrent state (DeltaNet). */
+    struct ggml_tensor * k_cache[PQ_MAX_LAYERS];
+    struct ggml_tensor * v_cache[PQ_MAX_LAYERS];
+    struct ggml_tensor * conv_state[PQ_MAX_LAYERS];
+    struct ggml_tensor * ssm_state[PQ_MAX_LAYERS];
+    struct ggml_context * ctx_state_cpu;
+    struct ggml_context * ctx_state_gpu;
+    ggml_backend_buffer_t buf_state_cpu;
+    ggml_backend_buffer_t buf_state_gpu;
+
+    ggml_backend_sched_t sched;
+    struct pq_graph graphs[PQ_MAX_GRAPHS];
+    uint64_t tick;
+    int32_t  active_graph;   /* index the scheduler is allocated for, or -1 */
+
+    /* host scratch */
+    uint16_t * mask_buf;     /* ggml_fp16_t */
+    int32_t  * pos_buf;
+    int64_t  * idx_buf;
+};
+
+struct ggml_cgraph * pq_build_graph(struct pq_ctx * ctx, struct pq_graph * g);
+
+#endif /* PQ_INTERNAL_H */

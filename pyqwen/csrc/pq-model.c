@@ -1,0 +1,376 @@
+/* Loading a qwen35 GGUF: metadata, validation, placement of weights on CPU or GPU. */
+#include "pq-internal.h"
+
+#ifdef PYQWEN_WITH_CUDA
+#include "ggml-cuda.h"
+#endif
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static _Thread_local char pq_error[1024];
+
+int pq_fail(const char * fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(pq_error, sizeof(pq_error), fmt, ap);
+    va_end(ap);
+    return -1;
+}
+
+const char * pq_last_error(void) { return pq_error; }
+const char * pq_version(void) { return "0.1.0"; }
+
+const char * pq_backend_name(void) {
+#ifdef PYQWEN_WITH_CUDA
+    return "CUDA";
+#else
+    return "CPU";
+#endif
+}
+
+/* ggml logs go to stderr only when asked for; the last error line is kept for messages. */
+static bool pq_verbose;
+static void pq_log(enum ggml_log_level level, const char * text, void * user) {
+    (void) user;
+    (void) level;
+    if (pq_verbose) fputs(text, stderr);
+}
+
+/* ---- metadata ---- */
+
+static const char * ARCH = "qwen35";
+
+static int64_t kv_int(const struct gguf_context * g, int64_t id) {
+    switch (gguf_get_kv_type(g, id)) {
+        case GGUF_TYPE_UINT8:  return gguf_get_val_u8(g, id);
+        case GGUF_TYPE_INT8:   return gguf_get_val_i8(g, id);
+        case GGUF_TYPE_UINT16: return gguf_get_val_u16(g, id);
+        case GGUF_TYPE_INT16:  return gguf_get_val_i16(g, id);
+        case GGUF_TYPE_UINT32: return gguf_get_val_u32(g, id);
+        case GGUF_TYPE_INT32:  return gguf_get_val_i32(g, id);
+        case GGUF_TYPE_UINT64: return (int64_t) gguf_get_val_u64(g, id);
+        case GGUF_TYPE_INT64:  return gguf_get_val_i64(g, id);
+        default:               return INT64_MIN;
+    }
+}
+
+/* Reads "<arch>.<suffix>" as an integer; missing keys take dflt unless it is INT64_MIN. */
+static int get_int(const struct gguf_context * g, const char * suffix, int64_t dflt, int32_t * out) {
+    char key[128];
+    snprintf(key, sizeof(key), "%s.%s", ARCH, suffix);
+    int64_t id = gguf_find_key(g, key);
+    if (id < 0) {
+        if (dflt == INT64_MIN) return pq_fail("GGUF metadata key %s is missing", key);
+        *out = (int32_t) dflt;
+        return 0;
+    }
+    int64_t v = kv_int(g, id);
+    if (v == INT64_MIN || v < 0 || v > INT32_MAX) return pq_fail("GGUF metadata key %s is not a valid integer", key);
+    *out = (int32_t) v;
+    return 0;
+}
+
+static int get_float(const struct gguf_context * g, const char * suffix, float dflt, bool required, float * out) {
+    char key[128];
+    snprintf(key, sizeof(key), "%s.%s", ARCH, suffix);
+    int64_t id = gguf_find_key(g, key);
+    if (id < 0) {
+        if (required) return pq_fail("GGUF metadata key %s is missing", key);
+        *out = dflt;
+        return 0;
+    }
+    if (gguf_get_kv_type(g, id) != GGUF_TYPE_FLOAT32) return pq_fail("GGUF metadata key %s is not a float32", key);
+    *out = gguf_get_val_f32(g, id);
+    return 0;
+}
+
+static int read_hparams(const struct gguf_context * g, struct pq_hparams * hp) {
+    int64_t id = gguf_find_key(g, "general.architecture");
+    if (id < 0 || gguf_get_kv_type(g, id) != GGUF_TYPE_STRING) return pq_fail("not a model file: general.architecture is missing");
+    const char * arch = gguf_get_val_str(g, id);
+    if (strcmp(arch, ARCH) != 0) {
+        return pq_fail("unsupported architecture '%s': pyqwen runs '%s' (Qwen3.5 dense) models", arch, ARCH);
+    }
+    int32_t n_mtp = 0;
+    if (get_int(g, "block_count", INT64_MIN, &hp->n_layer_all) ||
+        get_int(g, "nextn_predict_layers", 0, &n_mtp) ||
+        get_int(g, "context_length", INT64_MIN, &hp->n_ctx_train) ||
+        get_int(g, "embedding_length", INT64_MIN, &hp->n_embd) ||
+        get_int(g, "feed_forward_length", INT64_MIN, &hp->n_ff) ||
+        get_int(g, "attention.head_count", INT64_MIN, &hp->n_head) ||
+        get_int(g, "attention.head_count_kv", INT64_MIN, &hp->n_head_kv) ||
+        get_int(g, "full_attention_interval", 4, &hp->full_attn_interval) ||
+        get_int(g, "ssm.conv_kernel", INT64_MIN, &hp->conv_kernel) ||
+        get_int(g, "ssm.inner_size", INT64_MIN, &hp->ssm_d_inner) ||
+        get_int(g, "ssm.state_size", INT64_MIN, &hp->ssm_d_state) ||
+        get_int(g, "ssm.time_step_rank", INT64_MIN, &hp->ssm_n_v_heads) ||
+        get_int(g, "ssm.group_count", INT64_MIN, &hp->ssm_n_k_heads) ||
+        get_float(g, "attention.layer_norm_rms_epsilon", 1e-6f, true, &hp->norm_eps) ||
+        get_float(g, "rope.freq_base", 1e7f, false, &hp->rope_base)) {
+        return -1;
+    }
+    if (hp->n_head == 0 || hp->n_head_kv == 0 || hp->n_embd == 0) return pq_fail("GGUF metadata has zero heads or width");
+    if (get_int(g, "attention.key_length", hp->n_embd / hp->n_head, &hp->head_dim) ||
+        get_int(g, "rope.dimension_count", hp->head_dim, &hp->n_rot)) {
+        return -1;
+    }
+    hp->n_layer = hp->n_layer_all - n_mtp;
+    if (hp->n_layer <= 0 || hp->n_layer_all > PQ_MAX_LAYERS) return pq_fail("unsupported layer count %d", hp->n_layer_all);
+    if (hp->full_attn_interval <= 0) return pq_fail("full_attention_interval must be positive");
+    if (hp->n_head % hp->n_head_kv != 0) return pq_fail("head_count %d is not a multiple of head_count_kv %d", hp->n_head, hp->n_head_kv);
+    if (hp->ssm_n_k_heads == 0 || hp->ssm_n_v_heads % hp->ssm_n_k_heads != 0) return pq_fail("ssm.time_step_rank must be a multiple of ssm.group_count");
+    if (hp->ssm_d_inner != hp->ssm_n_v_heads * hp->ssm_d_state) return pq_fail("ssm.inner_size != time_step_rank * state_size");
+    if (hp->n_rot > hp->head_dim || hp->n_rot % 2) return pq_fail("rope.dimension_count %d does not fit head dim %d", hp->n_rot, hp->head_dim);
+    if (hp->conv_kernel < 2) return pq_fail("ssm.conv_kernel must be at least 2");
+    return 0;
+}
+
+/* ---- tensors ---- */
+
+struct tensor_req {
+    struct ggml_tensor ** dst;
+    char name[96];
+    int64_t ne[2];               /* expected shape; ne[1] == 0 for 1-D */
+    int layer;                   /* -1 for tensors outside the blocks */
+    bool optional;
+    bool f32_only;               /* element-wise parameters must stay f32 */
+};
+
+static bool type_supported(enum ggml_type t) {
+    if ((int) t < 0 || t >= GGML_TYPE_COUNT) return false;
+    const struct ggml_type_traits * tt = ggml_get_type_traits(t);
+    return tt->blck_size > 0 && tt->type_size > 0 && ggml_get_type_traits_cpu(t)->vec_dot != NULL;
+}
+
+static int collect_requirements(struct pq_model * m, struct tensor_req * reqs, int * n_req) {
+    const struct pq_hparams * hp = &m->hp;
+    int n = 0;
+#define REQ(dst_, layer_, opt_, f32_, ne0_, ne1_, ...) do { \
+        struct tensor_req * r = &reqs[n++]; r->dst = (dst_); r->layer = (layer_); r->optional = (opt_); r->f32_only = (f32_); \
+        r->ne[0] = (ne0_); r->ne[1] = (ne1_); snprintf(r->name, sizeof(r->name), __VA_ARGS__); } while (0)
+    const int64_t E = hp->n_embd, V = hp->n_vocab, D = hp->head_dim;
+    REQ(&m->tok_embd, -1, false, false, E, V, "token_embd.weight");
+    REQ(&m->output_norm, -1, false, true, E, 0, "output_norm.weight");
+    REQ(&m->output, -1, true, false, E, V, "output.weight");
+    for (int il = 0; il < hp->n_layer; ++il) {
+        struct pq_layer * L = &m->layers[il];
+        REQ(&L->attn_norm, il, false, true, E, 0, "blk.%d.attn_norm.weight", il);
+        REQ(&L->post_norm, il, false, true, E, 0, "blk.%d.post_attention_norm.weight", il);
+        if (pq_is_recurrent(hp, il)) {
+            const int64_t C = pq_conv_channels(hp), HV = hp->ssm_n_v_heads;
+            REQ(&L->wqkv,     il, false, false, E, C, "blk.%d.attn_qkv.weight", il);
+            REQ(&L->wz,       il, false, false, E, hp->ssm_d_inner, "blk.%d.attn_gate.weight", il);
+            REQ(&L->conv1d,   il, false, true, hp->conv_kernel, C, "blk.%d.ssm_conv1d.weight", il);
+            REQ(&L->dt_bias,  il, false, true, HV, 0, "blk.%d.ssm_dt.bias", il);
+            REQ(&L->ssm_a,    il, false, true, HV, 0, "blk.%d.ssm_a", il);
+            REQ(&L->w_beta,   il, false, false, E, HV, "blk.%d.ssm_beta.weight", il);
+            REQ(&L->w_alpha,  il, false, false, E, HV, "blk.%d.ssm_alpha.weight", il);
+            REQ(&L->ssm_norm, il, false, true, hp->ssm_d_state, 0, "blk.%d.ssm_norm.weight", il);
+            REQ(&L->ssm_out,  il, false, false, hp->ssm_d_inner, E, "blk.%d.ssm_out.weight", il);
+        } else {
+            REQ(&L->wq,     il, false, false, E, 2 * D * hp->n_head, "blk.%d.attn_q.weight", il);
+            REQ(&L->wk,     il, false, false, E, D * hp->n_head_kv, "blk.%d.attn_k.weight", il);
+            REQ(&L->wv,     il, false, false, E, D * hp->n_head_kv, "blk.%d.attn_v.weight", il);
+            REQ(&L->wo,     il, false, false, D * hp->n_head, E, "blk.%d.attn_output.weight", il);
+            REQ(&L->q_norm, il, false, true, D, 0, "blk.%d.attn_q_norm.weight", il);
+            REQ(&L->k_norm, il, false, true, D, 0, "blk.%d.attn_k_norm.weight", il);
+        }
+        REQ(&L->ffn_gate, il, false, false, E, hp->n_ff, "blk.%d.ffn_gate.weight", il);
+        REQ(&L->ffn_up,   il, false, false, E, hp->n_ff, "blk.%d.ffn_up.weight", il);
+        REQ(&L->ffn_down, il, false, false, hp->n_ff, E, "blk.%d.ffn_down.weight", il);
+    }
+#undef REQ
+    *n_req = n;
+    return 0;
+}
+
+static int check_tensor(const struct ggml_tensor * t, const struct tensor_req * r) {
+    const int64_t ne1 = r->ne[1] ? r->ne[1] : 1;
+    if (t->ne[0] != r->ne[0] || t->ne[1] != ne1 || t->ne[2] != 1 || t->ne[3] != 1) {
+        return pq_fail("tensor %s has shape [%lld, %lld, %lld, %lld], expected [%lld, %lld]", r->name,
+                       (long long) t->ne[0], (long long) t->ne[1], (long long) t->ne[2], (long long) t->ne[3],
+                       (long long) r->ne[0], (long long) ne1);
+    }
+    if (!type_supported(t->type)) return pq_fail("tensor %s has unsupported type %d", r->name, (int) t->type);
+    if (r->f32_only && t->type != GGML_TYPE_F32) return pq_fail("tensor %s must be f32, found %s", r->name, ggml_type_name(t->type));
+    return 0;
+}
+
+static int read_tensor_data(FILE * f, size_t offset, struct ggml_tensor * t, void ** scratch, size_t * scratch_size) {
+    const size_t nbytes = ggml_nbytes(t);
+    void * dst = t->data;
+    const bool host = ggml_backend_buffer_is_host(t->buffer);
+    if (!host) {
+        if (*scratch_size < nbytes) {
+            free(*scratch);
+            *scratch = malloc(nbytes);
+            *scratch_size = *scratch ? nbytes : 0;
+            if (!*scratch) return pq_fail("out of host memory reading %s", ggml_get_name(t));
+        }
+        dst = *scratch;
+    }
+    if (fseeko(f, (off_t) offset, SEEK_SET) != 0 || fread(dst, 1, nbytes, f) != nbytes) {
+        return pq_fail("could not read the data of tensor %s (file truncated?)", ggml_get_name(t));
+    }
+    if (!host) ggml_backend_tensor_set(t, dst, 0, nbytes);
+    return 0;
+}
+
+static int init_backends(struct pq_model * m, const pq_model_params * p) {
+    m->n_threads = p->n_threads > 0 ? p->n_threads : (int32_t) sysconf(_SC_NPROCESSORS_ONLN);
+    if (m->n_threads <= 0) m->n_threads = 1;
+    m->backend_cpu = ggml_backend_cpu_init();
+    if (!m->backend_cpu) return pq_fail("could not initialise the CPU backend");
+    ggml_backend_cpu_set_n_threads(m->backend_cpu, m->n_threads);
+    m->n_gpu_layers = 0;
+#ifdef PYQWEN_WITH_CUDA
+    if (p->n_gpu_layers != 0 && ggml_backend_cuda_get_device_count() > 0) {
+        m->backend_gpu = ggml_backend_cuda_init(0);
+        if (!m->backend_gpu) return pq_fail("could not initialise the CUDA backend on device 0");
+        m->n_gpu_layers = p->n_gpu_layers < 0 || p->n_gpu_layers > m->hp.n_layer ? m->hp.n_layer : p->n_gpu_layers;
+        /* llama.cpp's convention: the output layer counts as one more layer past the blocks */
+        m->output_on_gpu = p->n_gpu_layers < 0 || p->n_gpu_layers > m->hp.n_layer;
+    }
+#endif
+    return 0;
+}
+
+int pq_model_load(const char * path, const pq_model_params * params, pq_model ** out) {
+    *out = NULL;
+    pq_verbose = params->verbose != 0;
+    ggml_log_set(pq_log, NULL);
+
+    FILE * f = fopen(path, "rb");
+    if (!f) return pq_fail("cannot open %s", path);
+    fseeko(f, 0, SEEK_END);
+    const int64_t file_size = ftello(f);
+    char magic[4] = {0};
+    fseeko(f, 0, SEEK_SET);
+    if (fread(magic, 1, 4, f) != 4 || memcmp(magic, "GGUF", 4) != 0) {
+        fclose(f);
+        return pq_fail("%s is not a GGUF file", path);
+    }
+
+    struct ggml_context * meta = NULL;
+    struct gguf_init_params gp = { .no_alloc = true, .ctx = &meta };
+    struct gguf_context * g = gguf_init_from_file(path, gp);
+    if (!g) {
+        fclose(f);
+        return pq_fail("%s is a damaged or truncated GGUF file (its header could not be parsed)", path);
+    }
+
+    struct pq_model * m = calloc(1, sizeof(*m));
+    struct tensor_req * reqs = calloc(PQ_MAX_LAYERS * 24 + 8, sizeof(*reqs));
+    void * scratch = NULL;
+    size_t scratch_size = 0;
+    int rc = -1;
+    if (!m || !reqs) { pq_fail("out of memory"); goto done; }
+    if (read_hparams(g, &m->hp)) goto done;
+
+    struct ggml_tensor * embd = ggml_get_tensor(meta, "token_embd.weight");
+    if (!embd) { pq_fail("tensor token_embd.weight is missing"); goto done; }
+    m->hp.n_vocab = (int32_t) embd->ne[1];
+
+    /* every tensor's data must lie inside the file */
+    const size_t data_offset = gguf_get_data_offset(g);
+    for (int64_t i = 0; i < gguf_get_n_tensors(g); ++i) {
+        struct ggml_tensor * t = ggml_get_tensor(meta, gguf_get_tensor_name(g, i));
+        if ((int64_t) (data_offset + gguf_get_tensor_offset(g, i) + ggml_nbytes(t)) > file_size) {
+            pq_fail("%s is truncated: tensor %s ends past the end of the file", path, gguf_get_tensor_name(g, i));
+            goto done;
+        }
+    }
+
+    if (init_backends(m, params)) goto done;
+
+    int n_req = 0;
+    collect_requirements(m, reqs, &n_req);
+    const size_t ctx_size = (size_t) (n_req + 1) * ggml_tensor_overhead();
+    struct ggml_init_params ip = { .mem_size = ctx_size, .mem_buffer = NULL, .no_alloc = true };
+    m->ctx_cpu = ggml_init(ip);
+    if (m->backend_gpu) m->ctx_gpu = ggml_init(ip);
+
+    for (int i = 0; i < n_req; ++i) {
+        const struct tensor_req * r = &reqs[i];
+        struct ggml_tensor * src = ggml_get_tensor(meta, r->name);
+        if (!src) {
+            if (r->optional) continue;
+            pq_fail("tensor %s is missing", r->name);
+            goto done;
+        }
+        if (check_tensor(src, r)) goto done;
+        bool gpu = m->backend_gpu && (r->layer >= 0 ? r->layer >= m->hp.n_layer - m->n_gpu_layers : m->output_on_gpu);
+        /* the embedding lookup is a gather: it stays on the CPU like upstream's input layer */
+        if (r->dst == &m->tok_embd) gpu = false;
+        struct ggml_tensor * t = ggml_dup_tensor(gpu ? m->ctx_gpu : m->ctx_cpu, src);
+        ggml_set_name(t, r->name);
+        *r->dst = t;
+        if (r->layer >= 0) m->layers[r->layer].on_gpu = gpu;
+        m->n_params += ggml_nelements(t);
+        m->size_bytes += ggml_nbytes(t);
+    }
+    if (!m->output) {
+        m->output = m->tok_embd;   /* tied embeddings */
+    }
+
+    m->buf_cpu = ggml_backend_alloc_ctx_tensors_from_buft(m->ctx_cpu, ggml_backend_get_default_buffer_type(m->backend_cpu));
+    if (!m->buf_cpu) { pq_fail("out of host memory for the weights"); goto done; }
+    ggml_backend_buffer_set_usage(m->buf_cpu, GGML_BACKEND_BUFFER_USAGE_WEIGHTS);
+    if (m->ctx_gpu && ggml_get_first_tensor(m->ctx_gpu)) {
+        m->buf_gpu = ggml_backend_alloc_ctx_tensors_from_buft(m->ctx_gpu, ggml_backend_get_default_buffer_type(m->backend_gpu));
+        if (!m->buf_gpu) { pq_fail("out of GPU memory for the weights"); goto done; }
+        ggml_backend_buffer_set_usage(m->buf_gpu, GGML_BACKEND_BUFFER_USAGE_WEIGHTS);
+    }
+
+    for (int i = 0; i < n_req; ++i) {
+        struct ggml_tensor * t = *reqs[i].dst;
+        if (!t || strcmp(ggml_get_name(t), reqs[i].name) != 0) continue;
+        const int64_t ti = gguf_find_tensor(g, reqs[i].name);
+        if (read_tensor_data(f, data_offset + gguf_get_tensor_offset(g, ti), t, &scratch, &scratch_size)) goto done;
+    }
+    rc = 0;
+
+done:
+    free(scratch);
+    free(reqs);
+    fclose(f);
+    gguf_free(g);
+    ggml_free(meta);
+    if (rc != 0) {
+        pq_model_free(m);
+        return -1;
+    }
+    *out = m;
+    return 0;
+}
+
+void pq_model_free(pq_model * m) {
+    if (!m) return;
+    if (m->buf_cpu) ggml_backend_buffer_free(m->buf_cpu);
+    if (m->buf_gpu) ggml_backend_buffer_free(m->buf_gpu);
+    if (m->ctx_cpu) ggml_free(m->ctx_cpu);
+    if (m->ctx_gpu) ggml_free(m->ctx_gpu);
+    if (m->backend_gpu) ggml_backend_free(m->backend_gpu);
+    if (m->backend_cpu) ggml_backend_free(m->backend_cpu);
+    free(m);
+}
+
+void pq_model_get_info(const pq_model * m, pq_model_info * info) {
+    const struct pq_hparams * hp = &m->hp;
+    info->n_vocab = hp->n_vocab;
+    info->n_ctx_train = hp->n_ctx_train;
+    info->n_embd = hp->n_embd;
+    info->n_layer = hp->n_layer;
+    info->n_head = hp->n_head;
+    info->n_head_kv = hp->n_head_kv;
+    info->head_dim = hp->head_dim;
+    info->n_ff = hp->n_ff;
+    info->n_mtp_layers = hp->n_layer_all - hp->n_layer;
+    info->n_params = m->n_params;
+    info->size_bytes = m->size_bytes;
+    info->n_gpu_layers = m->n_gpu_layers;
+}

@@ -1,0 +1,107 @@
+/* pyqwen native runtime: Qwen3.5 (qwen35 GGUF) inference on ggml.
+ *
+ * The declarations between the CDEF markers are the whole API seen from Python (cffi reads
+ * them verbatim), so they stay plain C: no includes, macros or attributes inside.
+ *
+ * Conventions: functions returning int return 0 on success and -1 on failure, with the
+ * reason in pq_last_error() (thread-local). Handles are opaque; every *_new/_load has a _free.
+ */
+#ifndef PYQWEN_H
+#define PYQWEN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define PQ_API
+
+/* PYQWEN_CDEF_BEGIN */
+typedef struct pq_model pq_model;
+typedef struct pq_ctx   pq_ctx;
+
+/* ggml type ids accepted for the KV cache (the numbers are ggml's enum ggml_type). */
+enum pq_cache_type {
+    PQ_CACHE_F32  = 0,
+    PQ_CACHE_F16  = 1,
+    PQ_CACHE_Q4_0 = 2,
+    PQ_CACHE_Q8_0 = 8,
+};
+
+typedef struct pq_model_params {
+    int32_t n_gpu_layers;   /* layers offloaded to the GPU; < 0 means all, 0 CPU only */
+    int32_t n_threads;      /* CPU threads; <= 0 picks the number of cores */
+    int32_t verbose;        /* let ggml log to stderr */
+} pq_model_params;
+
+typedef struct pq_model_info {
+    int32_t n_vocab;
+    int32_t n_ctx_train;
+    int32_t n_embd;
+    int32_t n_layer;        /* trunk layers, without the MTP block */
+    int32_t n_head;
+    int32_t n_head_kv;
+    int32_t head_dim;
+    int32_t n_ff;
+    int32_t n_mtp_layers;   /* nextn_predict_layers stored in the file */
+    int64_t n_params;
+    int64_t size_bytes;     /* bytes of tensor data */
+    int32_t n_gpu_layers;   /* layers actually on the GPU */
+} pq_model_info;
+
+typedef struct pq_ctx_params {
+    int32_t n_ctx;          /* tokens the KV cache holds */
+    int32_t n_batch;        /* tokens per forward pass during prefill */
+    int32_t type_k;         /* enum pq_cache_type */
+    int32_t type_v;
+} pq_ctx_params;
+
+typedef struct pq_sampling {
+    float    temperature;   /* <= 0: greedy */
+    int32_t  top_k;         /* <= 0: whole vocabulary */
+    float    top_p;         /* >= 1: off */
+    float    min_p;         /* <= 0: off */
+    float    repeat_penalty;/* 1: off */
+    int32_t  repeat_last_n; /* window of previous tokens the penalty looks at */
+} pq_sampling;
+
+const char * pq_last_error(void);
+const char * pq_version(void);
+const char * pq_backend_name(void);     /* "CUDA" or "CPU": the backend the build has */
+
+PQ_API int  pq_model_load(const char * path, const pq_model_params * params, pq_model ** out);
+PQ_API void pq_model_free(pq_model * model);
+PQ_API void pq_model_get_info(const pq_model * model, pq_model_info * info);
+
+PQ_API int  pq_ctx_new(pq_model * model, const pq_ctx_params * params, pq_ctx ** out);
+PQ_API void pq_ctx_free(pq_ctx * ctx);
+/* Forget everything: KV cache, convolution and recurrent states. */
+PQ_API void pq_ctx_reset(pq_ctx * ctx);
+PQ_API int32_t pq_ctx_n_past(const pq_ctx * ctx);
+/* Bytes of device/host buffers the context holds (KV cache, states, compute buffers). */
+PQ_API int64_t pq_ctx_memory_bytes(const pq_ctx * ctx);
+
+/* Run n_tokens tokens after the current position, in passes of at most n_batch tokens.
+ * logits_out (may be NULL) receives n_vocab floats per token when logits_all, else only the
+ * last token's. */
+PQ_API int pq_ctx_eval(pq_ctx * ctx, const int32_t * tokens, int32_t n_tokens, int32_t logits_all, float * logits_out);
+
+/* Feed one token and pick the next with the given sampler. history/n_history are the tokens
+ * the repetition penalty looks at; uniform is a random number in [0, 1) that drives the draw. */
+PQ_API int pq_ctx_decode_sample(pq_ctx * ctx, int32_t token, const pq_sampling * sampling,
+                                const int32_t * history, int32_t n_history, float uniform,
+                                int32_t * out_token);
+
+/* Pick a token from one row of logits on the host (the same sampler as above). */
+PQ_API int pq_sample_logits(const float * logits, int32_t n_vocab, const pq_sampling * sampling,
+                            const int32_t * history, int32_t n_history, float uniform,
+                            int32_t * out_token);
+/* PYQWEN_CDEF_END */
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* PYQWEN_H */
