@@ -1,0 +1,175 @@
+"""Owning wrappers over the native runtime (pyqwen/csrc/pyqwen.h, through cffi).
+
+Every failure of a native call becomes a Python exception carrying the runtime's message;
+nothing here lets a ggml assert see bad input (the runtime validates before it builds graphs).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ._cffi import ffi, lib
+
+__version__ = "0.1.0"
+if ffi.string(lib.pq_version()).decode() != __version__:
+    raise ImportError(f"pyqwen's native module is version {ffi.string(lib.pq_version()).decode()}, "
+                      f"the Python package {__version__}: reinstall pyqwen")
+
+CACHE_TYPES = {"f32": lib.PQ_CACHE_F32, "f16": lib.PQ_CACHE_F16, "q8_0": lib.PQ_CACHE_Q8_0, "q4_0": lib.PQ_CACHE_Q4_0}
+
+
+class ModelLoadError(ValueError):
+    """The file is not a model pyqwen can run (not GGUF, damaged, wrong architecture, ...)."""
+
+
+class ContextOverflowError(ValueError):
+    """More tokens than the context (n_ctx) holds."""
+
+
+def _error() -> str:
+    return ffi.string(lib.pq_last_error()).decode("utf-8", "replace")
+
+
+def backend_name() -> str:
+    return ffi.string(lib.pq_backend_name()).decode()
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    n_vocab: int
+    n_ctx_train: int
+    n_embd: int
+    n_layer: int
+    n_head: int
+    n_head_kv: int
+    head_dim: int
+    n_ff: int
+    n_mtp_layers: int
+    n_params: int
+    size_bytes: int
+    n_gpu_layers: int
+
+
+@dataclass(frozen=True)
+class Sampling:
+    temperature: float = 0.8
+    top_k: int = 40
+    top_p: float = 0.95
+    min_p: float = 0.05
+    repeat_penalty: float = 1.0
+    repeat_last_n: int = 64
+
+    def __post_init__(self):
+        if not (self.temperature >= 0):
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not (0 < self.top_p <= 1):
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if not (0 <= self.min_p <= 1):
+            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
+        if not (self.repeat_penalty > 0):
+            raise ValueError(f"repeat_penalty must be > 0, got {self.repeat_penalty}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0 (0 = whole vocabulary), got {self.top_k}")
+
+    def to_c(self):
+        return ffi.new("pq_sampling *", {
+            "temperature": self.temperature, "top_k": self.top_k, "top_p": self.top_p, "min_p": self.min_p,
+            "repeat_penalty": self.repeat_penalty, "repeat_last_n": self.repeat_last_n})
+
+
+class NativeModel:
+    def __init__(self, path: str, *, n_gpu_layers: int, n_threads: int | None, verbose: bool):
+        params = ffi.new("pq_model_params *", {
+            "n_gpu_layers": n_gpu_layers, "n_threads": n_threads or 0, "verbose": int(verbose)})
+        out = ffi.new("pq_model **")
+        if lib.pq_model_load(path.encode(), params, out) != 0:
+            raise ModelLoadError(f"cannot load {path}: {_error()}")
+        self._ptr = out[0]
+        info = ffi.new("pq_model_info *")
+        lib.pq_model_get_info(self._ptr, info)
+        self.info = ModelInfo(**{f: getattr(info, f) for f in ModelInfo.__dataclass_fields__})
+
+    @property
+    def ptr(self):
+        if self._ptr is None:
+            raise RuntimeError("the model is closed")
+        return self._ptr
+
+    def close(self) -> None:
+        if self._ptr is not None:
+            lib.pq_model_free(self._ptr)
+            self._ptr = None
+
+
+class NativeContext:
+    def __init__(self, model: NativeModel, *, n_ctx: int, n_batch: int, type_k: str, type_v: str):
+        for name, t in (("type_k", type_k), ("type_v", type_v)):
+            if t not in CACHE_TYPES:
+                raise ValueError(f"{name}={t!r} is not a KV cache type; choose one of {sorted(CACHE_TYPES)}")
+        params = ffi.new("pq_ctx_params *", {
+            "n_ctx": n_ctx, "n_batch": n_batch, "type_k": CACHE_TYPES[type_k], "type_v": CACHE_TYPES[type_v]})
+        out = ffi.new("pq_ctx **")
+        if lib.pq_ctx_new(model.ptr, params, out) != 0:
+            raise RuntimeError(f"cannot create the context: {_error()}")
+        self._ptr = out[0]
+        self.model = model
+        self.n_ctx = n_ctx
+        self.n_vocab = model.info.n_vocab
+
+    @property
+    def ptr(self):
+        if self._ptr is None:
+            raise RuntimeError("the context is closed")
+        return self._ptr
+
+    @property
+    def n_past(self) -> int:
+        return lib.pq_ctx_n_past(self.ptr)
+
+    @property
+    def memory_bytes(self) -> int:
+        return lib.pq_ctx_memory_bytes(self.ptr)
+
+    def reset(self) -> None:
+        lib.pq_ctx_reset(self.ptr)
+
+    def _check(self, tokens: np.ndarray) -> None:
+        if tokens.size and (tokens.min() < 0 or tokens.max() >= self.n_vocab):
+            bad = int(tokens[(tokens < 0) | (tokens >= self.n_vocab)][0])
+            raise ValueError(f"token id {bad} is out of range [0, {self.n_vocab})")
+        if self.n_past + tokens.size > self.n_ctx:
+            raise ContextOverflowError(
+                f"{self.n_past} tokens in the context + {tokens.size} new exceed n_ctx={self.n_ctx}; "
+                "use a larger n_ctx or a shorter prompt")
+
+    def eval(self, tokens, *, logits: str = "last") -> np.ndarray | None:
+        """Feed tokens; logits='all' returns [n, n_vocab], 'last' returns [n_vocab], 'none' None."""
+        toks = np.ascontiguousarray(np.asarray(tokens, dtype=np.int64)).astype(np.int32)
+        if toks.ndim != 1 or toks.size == 0:
+            raise ValueError("expected a non-empty 1-D sequence of token ids")
+        self._check(toks.astype(np.int64))
+        out = None
+        if logits == "all":
+            out = np.empty((toks.size, self.n_vocab), dtype=np.float32)
+        elif logits == "last":
+            out = np.empty(self.n_vocab, dtype=np.float32)
+        out_ptr = ffi.from_buffer("float[]", out) if out is not None else ffi.NULL
+        rc = lib.pq_ctx_eval(self.ptr, ffi.from_buffer("int32_t[]", toks), toks.size, int(logits == "all"), out_ptr)
+        if rc != 0:
+            raise RuntimeError(_error())
+        return out
+
+    def decode_sample(self, token: int, c_sampling, history: np.ndarray, uniform: float) -> int:
+        """Feed one token and return the sampled next one (c_sampling from Sampling.to_c())."""
+        self._check(np.array([token]))
+        out = ffi.new("int32_t *")
+        hist = ffi.from_buffer("int32_t[]", history) if history.size else ffi.NULL
+        if lib.pq_ctx_decode_sample(self.ptr, token, c_sampling, hist, history.size, uniform, out) != 0:
+            raise RuntimeError(_error())
+        return out[0]
+
+    def close(self) -> None:
+        if self._ptr is not None:
+            lib.pq_ctx_free(self._ptr)
+            self._ptr = None

@@ -1,0 +1,120 @@
+"""The `pyqwen` command: generate, chat, convert."""
+from __future__ import annotations
+
+import argparse
+import sys
+from importlib import resources
+from pathlib import Path
+
+DEFAULT_MODEL = "default.gguf"
+
+
+def default_model_path() -> Path:
+    return Path(str(resources.files("pyqwen") / "models" / DEFAULT_MODEL))
+
+
+def _add_model_args(p: argparse.ArgumentParser, *, model_required: bool) -> None:
+    p.add_argument("-m", "--model", required=model_required,
+                   help="GGUF model file" + ("" if model_required else " (default: the small model shipped with pyqwen)"))
+    p.add_argument("-c", "--ctx-size", type=int, default=4096, help="context size in tokens (default 4096)")
+    p.add_argument("-b", "--batch-size", type=int, default=512, help="prompt tokens per forward pass (default 512)")
+    p.add_argument("-t", "--threads", type=int, default=None, help="CPU threads (default: all cores)")
+    p.add_argument("-ngl", "--n-gpu-layers", type=int, default=0, help="layers to offload to the GPU (-1: all)")
+    p.add_argument("-s", "--seed", type=int, default=None, help="random seed")
+    p.add_argument("--temp", type=float, default=0.8, help="temperature; 0 is greedy (default 0.8)")
+    p.add_argument("--top-k", type=int, default=40, help="top-k, 0 = off (default 40)")
+    p.add_argument("--top-p", type=float, default=0.95, help="top-p, 1 = off (default 0.95)")
+    p.add_argument("--min-p", type=float, default=0.05, help="min-p, 0 = off (default 0.05)")
+    p.add_argument("--repeat-penalty", type=float, default=1.0, help="repetition penalty, 1 = off (default 1.0)")
+    p.add_argument("-v", "--verbose", action="store_true", help="show ggml's log")
+
+
+def _load(args):
+    from .llama import Llama
+
+    path = args.model or default_model_path()
+    return Llama(path, n_ctx=args.ctx_size, n_batch=args.batch_size, n_threads=args.threads,
+                 n_gpu_layers=args.n_gpu_layers, seed=args.seed, verbose=args.verbose)
+
+
+def _sampling(args) -> dict:
+    return dict(temperature=args.temp, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
+                repeat_penalty=args.repeat_penalty, seed=args.seed)
+
+
+def cmd_generate(args) -> int:
+    with _load(args) as llm:
+        if args.model is None:
+            print("(pyqwen: using the built-in demo model; pass -m MODEL.gguf for a real one)", file=sys.stderr)
+        sys.stdout.write(args.prompt)
+        for chunk in llm.create_completion(args.prompt, max_tokens=args.n_predict, stream=True, **_sampling(args)):
+            sys.stdout.write(chunk["choices"][0]["text"])
+            sys.stdout.flush()
+        sys.stdout.write("\n")
+    return 0
+
+
+def cmd_chat(args) -> int:
+    with _load(args) as llm:
+        messages = [{"role": "system", "content": args.system}] if args.system else []
+        print("pyqwen chat: an empty line or Ctrl-D ends the session.", file=sys.stderr)
+        while True:
+            try:
+                line = input("> ")
+            except EOFError:
+                break
+            if not line.strip():
+                break
+            messages.append({"role": "user", "content": line})
+            reply = ""
+            for chunk in llm.create_chat_completion(messages, max_tokens=args.n_predict, stream=True,
+                                                    enable_thinking=args.think, **_sampling(args)):
+                text = chunk["choices"][0]["delta"].get("content", "")
+                reply += text
+                sys.stdout.write(text)
+                sys.stdout.flush()
+            sys.stdout.write("\n")
+            messages.append({"role": "assistant", "content": reply})
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="pyqwen", description="Fast local Qwen3.5 text generation.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    gen = sub.add_parser("generate", help="complete a prompt, streaming to stdout")
+    _add_model_args(gen, model_required=False)
+    gen.add_argument("-p", "--prompt", required=True, help="prompt text")
+    gen.add_argument("-n", "--n-predict", type=int, default=128, help="tokens to generate (default 128)")
+    gen.set_defaults(func=cmd_generate)
+
+    chat = sub.add_parser("chat", help="interactive chat with the model's chat template")
+    _add_model_args(chat, model_required=False)
+    chat.add_argument("-n", "--n-predict", type=int, default=1024, help="max tokens per reply (default 1024)")
+    chat.add_argument("--system", default=None, help="system prompt")
+    chat.add_argument("--think", action=argparse.BooleanOptionalAction, default=None,
+                      help="turn the template's thinking mode on or off")
+    chat.set_defaults(func=cmd_chat)
+
+    sub.add_parser("convert", help="Hugging Face checkpoint -> GGUF (same as pyqwen-convert)", add_help=False)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["convert"]:
+        from .convert.__main__ import main as convert_main
+
+        return convert_main(argv[1:])
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except (OSError, ValueError, RuntimeError) as e:
+        print(f"pyqwen: error: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

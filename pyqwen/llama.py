@@ -1,0 +1,291 @@
+"""pyqwen.Llama: the Python API, in the spirit of llama-cpp-python's Llama."""
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from pathlib import Path
+from typing import Any, Iterator, Sequence
+
+import numpy as np
+
+from ._native import ContextOverflowError, ModelLoadError, NativeContext, NativeModel, Sampling
+from .chat import render_chat
+from .tokenizer import Tokenizer
+
+_METADATA_PREFIXES = ("tokenizer.", "general.")
+
+
+def read_metadata(path: str) -> dict[str, Any]:
+    """Tokenizer and general metadata of a GGUF file, as plain Python values."""
+    import gguf  # deferred: only needed at load time
+
+    try:
+        reader = gguf.GGUFReader(path, "r")
+        return {k: f.contents() for k, f in reader.fields.items() if k.startswith(_METADATA_PREFIXES)}
+    except Exception as e:  # the gguf reader raises many kinds of errors on damaged files
+        raise ModelLoadError(f"cannot read the metadata of {path}: {e}") from e
+
+
+def _check_model_path(model_path: str | os.PathLike) -> str:
+    path = Path(model_path)
+    if not path.exists():
+        raise FileNotFoundError(f"model file not found: {path}")
+    if not path.is_file():
+        raise ModelLoadError(f"{path} is not a file")
+    with open(path, "rb") as f:
+        if f.read(4) != b"GGUF":
+            raise ModelLoadError(f"{path} is not a GGUF file (convert a Hugging Face checkpoint with pyqwen-convert)")
+    return str(path)
+
+
+class _Utf8Stream:
+    """Turns token bytes into text without splitting multi-byte characters across chunks."""
+
+    def __init__(self):
+        self.pending = b""
+
+    def push(self, data: bytes) -> str:
+        self.pending += data
+        for cut in range(len(self.pending), max(len(self.pending) - 4, -1), -1):
+            try:
+                text = self.pending[:cut].decode("utf-8")
+            except UnicodeDecodeError:
+                continue
+            self.pending = self.pending[cut:]
+            return text
+        text = self.pending.decode("utf-8", "replace")
+        self.pending = b""
+        return text
+
+    def flush(self) -> str:
+        text, self.pending = self.pending.decode("utf-8", "replace"), b""
+        return text
+
+
+class Llama:
+    """A loaded Qwen3.5 model with one inference context.
+
+    >>> with Llama("model.gguf", n_ctx=2048) as llm:
+    ...     print(llm("The capital of France is", max_tokens=8)["choices"][0]["text"])
+    """
+
+    def __init__(self, model_path: str | os.PathLike, *, n_ctx: int = 4096, n_batch: int = 512,
+                 n_threads: int | None = None, n_gpu_layers: int = 0, seed: int | None = None,
+                 verbose: bool = False, type_k: str = "f16", type_v: str = "f16"):
+        for name, value in (("n_ctx", n_ctx), ("n_batch", n_batch)):
+            if not isinstance(value, int) or value <= 0:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if n_threads is not None and (not isinstance(n_threads, int) or n_threads <= 0):
+            raise ValueError(f"n_threads must be a positive integer or None, got {n_threads!r}")
+        if not isinstance(n_gpu_layers, int):
+            raise ValueError(f"n_gpu_layers must be an integer (-1 = all layers), got {n_gpu_layers!r}")
+        self.model_path = _check_model_path(model_path)
+        self.verbose = verbose
+        self._model = NativeModel(self.model_path, n_gpu_layers=n_gpu_layers, n_threads=n_threads, verbose=verbose)
+        self._ctx = None
+        try:
+            self.metadata = read_metadata(self.model_path)
+            self.tokenizer = Tokenizer.from_gguf_fields(self.metadata)
+            if self.tokenizer.n_vocab > self._model.info.n_vocab:
+                raise ModelLoadError(f"the vocabulary ({self.tokenizer.n_vocab} tokens) is larger than the "
+                                     f"embedding ({self._model.info.n_vocab} rows)")
+            self._ctx = NativeContext(self._model, n_ctx=n_ctx, n_batch=n_batch, type_k=type_k, type_v=type_v)
+        except BaseException:
+            self._model.close()
+            raise
+        self.n_batch = n_batch
+        self._rng = np.random.default_rng(seed)
+        self.chat_template = self.metadata.get("tokenizer.chat_template")
+
+    # ---- lifetime ----
+    def close(self) -> None:
+        if self._ctx is not None:
+            self._ctx.close()
+            self._ctx = None
+        if self._model is not None:
+            self._model.close()
+            self._model = None
+
+    def __enter__(self) -> "Llama":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self):
+        self.close()
+
+    @property
+    def _context(self) -> NativeContext:
+        if self._ctx is None:
+            raise RuntimeError("this Llama is closed")
+        return self._ctx
+
+    # ---- properties ----
+    def n_ctx(self) -> int:
+        return self._context.n_ctx
+
+    def n_vocab(self) -> int:
+        return self._context.n_vocab
+
+    @property
+    def info(self):
+        return self._model.info
+
+    def token_eos(self) -> int | None:
+        return self.tokenizer.eos_id
+
+    # ---- tokens ----
+    def tokenize(self, text: str | bytes, add_special: bool = False, parse_special: bool = False) -> list[int]:
+        return self.tokenizer.encode(text, add_special=add_special, parse_special=parse_special)
+
+    def detokenize(self, tokens: Sequence[int]) -> bytes:
+        return self.tokenizer.decode(tokens)
+
+    # ---- evaluation ----
+    def reset(self) -> None:
+        self._context.reset()
+
+    def logits(self, tokens: Sequence[int]) -> np.ndarray:
+        """Logits at every position, [len(tokens), n_vocab] float32, from a fresh state."""
+        ctx = self._context
+        ctx.reset()
+        out = ctx.eval(tokens, logits="all")
+        ctx.reset()
+        return out
+
+    def generate(self, tokens: Sequence[int], *, temperature: float = 0.8, top_k: int = 40, top_p: float = 0.95,
+                 min_p: float = 0.05, repeat_penalty: float = 1.0, repeat_last_n: int = 64,
+                 seed: int | None = None) -> Iterator[int]:
+        """Yield sampled token ids after the prompt tokens, until the context is full.
+
+        The state is reset first. Sampling runs in the runtime (greedy as an argmax inside the
+        graph); Python only passes one random number per step.
+        """
+        sampling = Sampling(temperature, top_k, top_p, min_p, repeat_penalty, repeat_last_n)
+        c_sampling = sampling.to_c()
+        rng = np.random.default_rng(seed) if seed is not None else self._rng
+        prompt = list(tokens)
+        if not prompt:
+            raise ValueError("generate needs at least one prompt token")
+        ctx = self._context
+        ctx.reset()
+        if ctx.n_ctx < len(prompt) + 1:
+            raise ContextOverflowError(f"the prompt has {len(prompt)} tokens but n_ctx={ctx.n_ctx}; "
+                                       "use a larger n_ctx or a shorter prompt")
+        if len(prompt) > 1:
+            ctx.eval(prompt[:-1], logits="none")
+        history = np.array(prompt[-repeat_last_n:] if repeat_last_n > 0 else prompt, dtype=np.int32)
+        last = prompt[-1]
+        while ctx.n_past < ctx.n_ctx:
+            last = ctx.decode_sample(last, c_sampling, history, float(rng.random()))
+            if repeat_penalty != 1.0:
+                history = np.append(history, np.int32(last))[-max(repeat_last_n, 1):]
+            yield last
+
+    # ---- completions ----
+    def _completion_tokens(self, prompt_tokens: list[int], *, max_tokens: int | None, stop: list[str],
+                           sampling_kwargs: dict, usage: dict) -> Iterator[tuple[str, str | None]]:
+        """Yields (text delta, finish_reason) pairs, finish_reason set on the last one; fills usage."""
+        n_ctx = self.n_ctx()
+        limit = n_ctx - len(prompt_tokens) if max_tokens is None or max_tokens <= 0 else max_tokens
+        eog = self.tokenizer.eog_ids
+        utf8 = _Utf8Stream()
+        held = ""  # text that could still turn into a stop string
+        n = 0
+        finish, stopped_by_string = "length", False
+        for tok in self.generate(prompt_tokens, **sampling_kwargs):
+            if tok in eog:
+                finish = "stop"
+                break
+            n += 1
+            held += utf8.push(self.tokenizer.token_to_bytes(tok, special=False))
+            hit = min((held.find(s) for s in stop if s in held), default=-1)
+            if hit >= 0:
+                held, finish, stopped_by_string = held[:hit], "stop", True
+                break
+            keep = max((k for s in stop for k in range(len(s), 0, -1) if held.endswith(s[:k])), default=0)
+            if len(held) > keep:
+                yield held[:len(held) - keep], None
+                held = held[len(held) - keep:]
+            if n >= limit:
+                break
+        if not stopped_by_string:
+            held += utf8.flush()
+        usage.update(prompt_tokens=len(prompt_tokens), completion_tokens=n, total_tokens=len(prompt_tokens) + n)
+        yield held, finish
+
+    def _check_prompt(self, prompt_tokens: list[int]) -> None:
+        if not prompt_tokens:
+            raise ValueError("the prompt is empty")
+        if len(prompt_tokens) >= self.n_ctx():
+            raise ContextOverflowError(f"the prompt has {len(prompt_tokens)} tokens but n_ctx={self.n_ctx()}; "
+                                       "use a larger n_ctx or a shorter prompt")
+
+    def _sampling_kwargs(self, temperature, top_k, top_p, min_p, repeat_penalty, seed) -> dict:
+        return dict(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+                    repeat_penalty=repeat_penalty, seed=seed)
+
+    def create_completion(self, prompt: str | Sequence[int], max_tokens: int | None = 16, temperature: float = 0.8,
+                          top_k: int = 40, top_p: float = 0.95, min_p: float = 0.05, repeat_penalty: float = 1.0,
+                          stop: str | list[str] | None = None, seed: int | None = None, stream: bool = False):
+        """OpenAI-shaped text completion; stream=True returns a generator of chunks."""
+        prompt_tokens = list(prompt) if not isinstance(prompt, (str, bytes)) else self.tokenize(prompt)
+        self._check_prompt(prompt_tokens)
+        stops = [stop] if isinstance(stop, str) else list(stop or [])
+        usage: dict = {}
+        pieces = self._completion_tokens(prompt_tokens, max_tokens=max_tokens, stop=stops, usage=usage,
+                                         sampling_kwargs=self._sampling_kwargs(temperature, top_k, top_p, min_p, repeat_penalty, seed))
+        cid, created = f"cmpl-{uuid.uuid4()}", int(time.time())
+        model = self.model_path
+
+        def chunk(text, finish):
+            return {"id": cid, "object": "text_completion", "created": created, "model": model,
+                    "choices": [{"text": text, "index": 0, "logprobs": None, "finish_reason": finish}]}
+
+        if stream:
+            return (chunk(t, f) for t, f in pieces if t or f)
+        text, finish = "", None
+        for t, f in pieces:
+            text += t
+            finish = f or finish
+        return {**chunk(text, finish), "usage": usage}
+
+    __call__ = create_completion
+
+    def create_chat_completion(self, messages: list[dict], max_tokens: int | None = None, temperature: float = 0.2,
+                               top_k: int = 40, top_p: float = 0.95, min_p: float = 0.05, repeat_penalty: float = 1.0,
+                               stop: str | list[str] | None = None, seed: int | None = None, stream: bool = False,
+                               enable_thinking: bool | None = None):
+        """OpenAI-shaped chat completion, rendered with the chat template stored in the model."""
+        if not self.chat_template:
+            raise ValueError(f"{self.model_path} has no chat template (tokenizer.chat_template); use create_completion")
+        tok = self.tokenizer
+        prompt = render_chat(self.chat_template, messages, add_generation_prompt=True, enable_thinking=enable_thinking,
+                             bos_token=tok.token_text(tok.bos_id) if tok.bos_id is not None else "",
+                             eos_token=tok.token_text(tok.eos_id) if tok.eos_id is not None else "")
+        prompt_tokens = self.tokenize(prompt, parse_special=True)
+        self._check_prompt(prompt_tokens)
+        stops = [stop] if isinstance(stop, str) else list(stop or [])
+        usage: dict = {}
+        pieces = self._completion_tokens(prompt_tokens, max_tokens=max_tokens, stop=stops, usage=usage,
+                                         sampling_kwargs=self._sampling_kwargs(temperature, top_k, top_p, min_p, repeat_penalty, seed))
+        cid, created, model = f"chatcmpl-{uuid.uuid4()}", int(time.time()), self.model_path
+        if stream:
+            def chunks():
+                yield {"id": cid, "object": "chat.completion.chunk", "created": created, "model": model,
+                       "choices": [{"index": 0, "delta": {"role": "assistant"}, "finish_reason": None}]}
+                for t, f in pieces:
+                    if t or f:
+                        yield {"id": cid, "object": "chat.completion.chunk", "created": created, "model": model,
+                               "choices": [{"index": 0, "delta": {"content": t} if t else {}, "finish_reason": f}]}
+            return chunks()
+        text, finish = "", None
+        for t, f in pieces:
+            text += t
+            finish = f or finish
+        return {"id": cid, "object": "chat.completion", "created": created, "model": model,
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
+                             "finish_reason": finish}],
+                "usage": usage}
