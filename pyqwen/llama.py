@@ -70,6 +70,9 @@ class Llama:
     ...     print(llm("The capital of France is", max_tokens=8)["choices"][0]["text"])
     """
 
+    _model: NativeModel | None = None  # class defaults keep close() safe after a failed __init__
+    _ctx: NativeContext | None = None
+
     def __init__(self, model_path: str | os.PathLike, *, n_ctx: int = 4096, n_batch: int = 512,
                  n_threads: int | None = None, n_gpu_layers: int = 0, seed: int | None = None,
                  verbose: bool = False, type_k: str = "f16", type_v: str = "f16"):
@@ -83,7 +86,6 @@ class Llama:
         self.model_path = _check_model_path(model_path)
         self.verbose = verbose
         self._model = NativeModel(self.model_path, n_gpu_layers=n_gpu_layers, n_threads=n_threads, verbose=verbose)
-        self._ctx = None
         try:
             self.metadata = read_metadata(self.model_path)
             self.tokenizer = Tokenizer.from_gguf_fields(self.metadata)
@@ -158,7 +160,7 @@ class Llama:
     def generate(self, tokens: Sequence[int], *, temperature: float = 0.8, top_k: int = 40, top_p: float = 0.95,
                  min_p: float = 0.05, repeat_penalty: float = 1.0, repeat_last_n: int = 64,
                  seed: int | None = None) -> Iterator[int]:
-        """Yield sampled token ids after the prompt tokens, until the context is full.
+        """Yield sampled token ids after the prompt tokens, until prompt + output fill n_ctx.
 
         The state is reset first. Sampling runs in the runtime (greedy as an argmax inside the
         graph); Python only passes one random number per step.
@@ -171,14 +173,14 @@ class Llama:
             raise ValueError("generate needs at least one prompt token")
         ctx = self._context
         ctx.reset()
-        if ctx.n_ctx < len(prompt) + 1:
+        if len(prompt) >= ctx.n_ctx:
             raise ContextOverflowError(f"the prompt has {len(prompt)} tokens but n_ctx={ctx.n_ctx}; "
                                        "use a larger n_ctx or a shorter prompt")
         if len(prompt) > 1:
             ctx.eval(prompt[:-1], logits="none")
         history = np.array(prompt[-repeat_last_n:] if repeat_last_n > 0 else prompt, dtype=np.int32)
         last = prompt[-1]
-        while ctx.n_past < ctx.n_ctx:
+        while ctx.n_past < ctx.n_ctx - 1:
             last = ctx.decode_sample(last, c_sampling, history, float(rng.random()))
             if repeat_penalty != 1.0:
                 history = np.append(history, np.int32(last))[-max(repeat_last_n, 1):]

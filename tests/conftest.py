@@ -1,4 +1,18 @@
 import sys
 from pathlib import Path
 
+import pytest
+
 sys.path.insert(0, str(Path(__file__).parent))
+
+
+@pytest.fixture(scope="session")
+def tiny_gguf(tmp_path_factory) -> Path:
+    """A tiny random Qwen3.5 model (with the tiny BPE vocabulary and chat template) as f32 GGUF."""
+    from pyqwen.convert.__main__ import main as convert_main
+    from tiny_models import make_tiny_qwen35
+
+    src = make_tiny_qwen35(tmp_path_factory.mktemp("tiny-hf"), seed=7)
+    out = src.parent / "tiny-f32.gguf"
+    assert convert_main([str(src), "-o", str(out), "--outtype", "f32", "--quiet"]) == 0
+    return out

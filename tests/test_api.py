@@ -1,0 +1,97 @@
+"""The Python API's contract: OpenAI-shaped results, streaming, stops, seeds, chat, CLI."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from pyqwen import Llama
+
+
+@pytest.fixture(scope="module")
+def llm(tiny_gguf):
+    with Llama(tiny_gguf, n_ctx=256, seed=0) as model:
+        yield model
+
+
+def test_tokenize_roundtrip(llm):
+    text = "def f(x):\n    return x * 2  # héllo 世界"
+    ids = llm.tokenize(text)
+    assert ids and all(0 <= i < llm.n_vocab() for i in ids)
+    assert llm.detokenize(ids) == text.encode()
+    assert llm.tokenize(text.encode()) == ids
+    special = llm.tokenize("<|im_start|>user", parse_special=True)
+    assert special[0] == llm.tokenizer.token_to_id("<|im_start|>")
+    assert llm.tokenize("<|im_start|>user")[0] != special[0]
+
+
+def test_completion_shape(llm):
+    out = llm("The quick brown fox", max_tokens=8, temperature=0.0)
+    assert out["object"] == "text_completion" and out["id"].startswith("cmpl-")
+    choice = out["choices"][0]
+    assert set(choice) == {"text", "index", "logprobs", "finish_reason"}
+    assert choice["finish_reason"] in ("stop", "length")
+    u = out["usage"]
+    assert u["total_tokens"] == u["prompt_tokens"] + u["completion_tokens"]
+    assert u["prompt_tokens"] == len(llm.tokenize("The quick brown fox"))
+    assert 1 <= u["completion_tokens"] <= 8 or choice["finish_reason"] == "stop"
+
+
+def test_stream_equals_non_stream_greedy(llm):
+    full = llm("Once upon a time", max_tokens=24, temperature=0.0)["choices"][0]["text"]
+    chunks = list(llm("Once upon a time", max_tokens=24, temperature=0.0, stream=True))
+    assert all(c["object"] == "text_completion" for c in chunks)
+    assert "".join(c["choices"][0]["text"] for c in chunks) == full
+    assert chunks[-1]["choices"][0]["finish_reason"] in ("stop", "length")
+
+
+def test_greedy_matches_logits_argmax(llm):
+    prompt = llm.tokenize("import numpy as np")
+    toks = [t for t, _ in zip(llm.generate(prompt, temperature=0.0), range(6))]
+    seq = list(prompt)
+    for t in toks:
+        assert t == int(np.argmax(llm.logits(seq)[-1]))
+        seq.append(t)
+
+
+def test_seed_reproducible(llm):
+    kw = dict(max_tokens=16, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0)
+    a = llm("hello", seed=42, **kw)["choices"][0]["text"]
+    b = llm("hello", seed=42, **kw)["choices"][0]["text"]
+    c = [llm("hello", seed=s, **kw)["choices"][0]["text"] for s in range(1, 6)]
+    assert a == b
+    assert any(x != a for x in c)
+
+
+def test_stop_string(llm):
+    full = llm("abc", max_tokens=24, temperature=0.0)["choices"][0]["text"]
+    if len(full) < 4:
+        pytest.skip("the random model ended too early to place a stop string")
+    stop = full[2:4]
+    out = llm("abc", max_tokens=24, temperature=0.0, stop=[stop])
+    assert out["choices"][0]["text"] == full[:full.index(stop)]
+    assert out["choices"][0]["finish_reason"] == "stop"
+    streamed = "".join(c["choices"][0]["text"] for c in llm("abc", max_tokens=24, temperature=0.0, stop=stop, stream=True))
+    assert streamed == full[:full.index(stop)]
+
+
+def test_chat_completion(llm):
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi there"}]
+    out = llm.create_chat_completion(messages, max_tokens=8, temperature=0.0)
+    assert out["object"] == "chat.completion"
+    msg = out["choices"][0]["message"]
+    assert msg["role"] == "assistant" and isinstance(msg["content"], str)
+    chunks = list(llm.create_chat_completion(messages, max_tokens=8, temperature=0.0, stream=True))
+    assert chunks[0]["choices"][0]["delta"] == {"role": "assistant"}
+    assert "".join(c["choices"][0]["delta"].get("content", "") for c in chunks) == msg["content"]
+
+
+def test_cli_generate(tiny_gguf):
+    proc = subprocess.run([sys.executable, "-m", "pyqwen.cli", "generate", "-m", str(tiny_gguf), "-p", "Hello",
+                           "-n", "8", "--temp", "0"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    with Llama(tiny_gguf, n_ctx=256) as llm:
+        expected = llm("Hello", max_tokens=8, temperature=0.0)["choices"][0]["text"]
+    assert proc.stdout == "Hello" + expected + "\n"
