@@ -98,6 +98,12 @@ PQ_API int pq_ctx_decode_sample(pq_ctx * ctx, int32_t token, const pq_sampling *
 PQ_API int pq_sample_logits(const float * logits, int32_t n_vocab, const pq_sampling * sampling,
                             const int32_t * history, int32_t n_history, float uniform,
                             int32_t * out_token);
+/* Quantize n_rows rows of n_per_row floats to a ggml type (ggml's own quantizers, no importance
+ * matrix) and back. pq_quantize returns the bytes written, or -1 if the type cannot hold rows
+ * of that length. */
+PQ_API int64_t pq_quantize(int32_t type, const float * src, void * dst, int64_t n_rows, int64_t n_per_row);
+PQ_API int     pq_dequantize(int32_t type, const void * src, float * dst, int64_t n);
+PQ_API int64_t pq_type_row_size(int32_t type, int64_t n_per_row);
 /* PYQWEN_CDEF_END */
 
 #ifdef __cplusplus
