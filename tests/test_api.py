@@ -88,9 +88,9 @@ def test_chat_completion(llm):
     assert "".join(c["choices"][0]["delta"].get("content", "") for c in chunks) == msg["content"]
 
 
-def test_cli_generate(tiny_gguf):
+def test_cli_generate(tiny_gguf, tmp_path):
     proc = subprocess.run([sys.executable, "-m", "pyqwen.cli", "generate", "-m", str(tiny_gguf), "-p", "Hello",
-                           "-n", "8", "--temp", "0"], capture_output=True, text=True, timeout=120)
+                           "-n", "8", "--temp", "0"], capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     with Llama(tiny_gguf, n_ctx=256) as llm:
         expected = llm("Hello", max_tokens=8, temperature=0.0)["choices"][0]["text"]

@@ -125,7 +125,7 @@ for toks in ([1] * 9, [-5], [1 << 30]):
         print(type(e).__name__)
 print("alive")
 """
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == ["ModelLoadError", "FileNotFoundError", "ContextOverflowError",
                                    "ValueError", "ValueError", "alive"]
@@ -133,7 +133,7 @@ print("alive")
 
 def test_cli_errors_are_messages(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "pyqwen.cli", "generate", "-m", str(tmp_path / "x.gguf"), "-p", "hi"],
-                          capture_output=True, text=True, timeout=120)
+                          capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert proc.returncode == 1
     assert "pyqwen: error: model file not found" in proc.stderr
     assert "Traceback" not in proc.stderr
