@@ -184,6 +184,7 @@ def write_tiny_tokenizer(dst_dir, vocab_size: int = 1024) -> Path:
     Ids: 0..vocab_size-34 are BPE tokens (the first 256 are the bytes),
     the last 33 are the Qwen3.5 added tokens in order (<|endoftext|> first).
     eos = <|im_end|>, pad = <|endoftext|>, no BOS. Returns dst_dir as Path.
+    The built-in corpus supports vocab_size up to about 1200 (RuntimeError beyond).
     """
     dst = Path(dst_dir)
     dst.mkdir(parents=True, exist_ok=True)
