@@ -1,3 +1,4 @@
+import os
 import sys
 from pathlib import Path
 
@@ -16,3 +17,21 @@ def tiny_gguf(tmp_path_factory) -> Path:
     out = src.parent / "tiny-f32.gguf"
     assert convert_main([str(src), "-o", str(out), "--outtype", "f32", "--quiet"]) == 0
     return out
+
+
+def pytest_configure(config):
+    """PYQWEN_TEST_NGL=N runs every model in the suite with N layers on the GPU (-1: all),
+    so the same tests check a CUDA build; unset, everything runs on the CPU."""
+    ngl = os.environ.get("PYQWEN_TEST_NGL")
+    if not ngl:
+        return
+    import pyqwen
+
+    init = pyqwen.Llama.__init__
+
+    def gpu_init(self, model_path, **kwargs):
+        kwargs.setdefault("n_gpu_layers", int(ngl))
+        init(self, model_path, **kwargs)
+        assert self.info.n_gpu_layers > 0, "PYQWEN_TEST_NGL is set but nothing was offloaded (CPU-only build?)"
+
+    pyqwen.Llama.__init__ = gpu_init
