@@ -1,97 +1,67 @@
-/* Token sampling over one row of logits, in llama.cpp's order: repetition penalty, top-k,
- * top-p, min-p (on the untempered distribution), temperature, then one draw. */
+/* Token sampling over one row of logits on the host. The sampler itself is the patched ggml op
+ * GGML_OP_PYQWEN_SAMPLE (ggml-patches/, include/ggml-pyqwen.h): this builds a one-node graph
+ * around it on the CPU backend, so the C API and the in-graph sampler are the same code. */
 #include "pq-internal.h"
 
-#include <math.h>
-#include <stdlib.h>
-#include <string.h>
-
-struct cand { float logit; int32_t id; };
-
-static int by_logit_desc(const void * a, const void * b) {
-    const float x = ((const struct cand *) a)->logit, y = ((const struct cand *) b)->logit;
-    if (x != y) return x < y ? 1 : -1;
-    return ((const struct cand *) a)->id - ((const struct cand *) b)->id;  /* stable ties: lower id first */
-}
-
-/* Moves the k largest candidates to the front, sorted; O(n log k) via a bounded selection. */
-static void top_k_sorted(struct cand * c, int32_t n, int32_t k) {
-    if (k >= n) { qsort(c, n, sizeof(*c), by_logit_desc); return; }
-    /* quickselect on the k-th position, then sort the head */
-    int32_t lo = 0, hi = n - 1;
-    while (lo < hi) {
-        const struct cand pivot = c[(lo + hi) / 2];
-        int32_t i = lo, j = hi;
-        while (i <= j) {
-            while (by_logit_desc(&c[i], &pivot) < 0) i++;
-            while (by_logit_desc(&c[j], &pivot) > 0) j--;
-            if (i <= j) { struct cand t = c[i]; c[i] = c[j]; c[j] = t; i++; j--; }
-        }
-        if (k - 1 <= j) hi = j; else if (k - 1 >= i) lo = i; else break;
-    }
-    qsort(c, k, sizeof(*c), by_logit_desc);
-}
+#include "ggml-pyqwen.h"
 
 int pq_sample_logits(const float * logits, int32_t n_vocab, const pq_sampling * s,
                      const int32_t * history, int32_t n_history, float uniform, int32_t * out_token) {
+    if (!logits || !s || !out_token) return pq_fail("pq_sample_logits: NULL argument");
     if (n_vocab <= 0) return pq_fail("empty logits");
-    struct cand * c = malloc(sizeof(*c) * (size_t) n_vocab);
-    if (!c) return pq_fail("out of memory");
-    for (int32_t i = 0; i < n_vocab; ++i) { c[i].logit = logits[i]; c[i].id = i; }
+    if (n_history < 0 || (n_history > 0 && !history)) return pq_fail("pq_sample_logits: bad history");
 
-    if (s->repeat_penalty != 1.0f && n_history > 0) {
-        const int32_t window = s->repeat_last_n > 0 && s->repeat_last_n < n_history ? s->repeat_last_n : n_history;
-        unsigned char * seen = calloc((size_t) n_vocab, 1);
-        if (!seen) { free(c); return pq_fail("out of memory"); }
-        for (int32_t i = n_history - window; i < n_history; ++i) {
-            const int32_t t = history[i];
-            if (t < 0 || t >= n_vocab || seen[t]) continue;
-            seen[t] = 1;
-            c[t].logit = c[t].logit > 0.0f ? c[t].logit / s->repeat_penalty : c[t].logit * s->repeat_penalty;
-        }
-        free(seen);
-    }
+    /* the penalty looks at the last repeat_last_n tokens (all when <= 0); the op takes exactly
+     * that window, with one empty slot (-1) rather than a zero-sized tensor when there is none */
+    int32_t window = 0;
+    if (s->repeat_penalty != 1.0f && n_history > 0)
+        window = s->repeat_last_n > 0 && s->repeat_last_n < n_history ? s->repeat_last_n : n_history;
+    const int32_t empty_slot = -1;
+    const float params[GGML_PYQWEN_SAMPLE_N_PARAMS] = {
+        [GGML_PYQWEN_SAMPLE_TEMPERATURE]    = s->temperature,
+        [GGML_PYQWEN_SAMPLE_TOP_K]          = (float) s->top_k,
+        [GGML_PYQWEN_SAMPLE_TOP_P]          = s->top_p,
+        [GGML_PYQWEN_SAMPLE_MIN_P]          = s->min_p,
+        [GGML_PYQWEN_SAMPLE_REPEAT_PENALTY] = s->repeat_penalty,
+        [GGML_PYQWEN_SAMPLE_UNIFORM]        = uniform,
+    };
 
-    int32_t n = n_vocab;
-    const int32_t k = s->top_k > 0 && s->top_k < n_vocab ? s->top_k : n_vocab;
-    if (s->temperature <= 0.0f) {
-        top_k_sorted(c, n, 1);
-        *out_token = c[0].id;
-        free(c);
-        return 0;
-    }
-    top_k_sorted(c, n, k);
-    n = k;
+    struct ggml_init_params ip = {
+        .mem_size   = 8 * ggml_tensor_overhead() + ggml_graph_overhead_custom(8, false),
+        .mem_buffer = NULL,
+        .no_alloc   = true,
+    };
+    struct ggml_context * ctx = ggml_init(ip);
+    if (!ctx) return pq_fail("out of memory");
+    struct ggml_tensor * t_logits  = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, n_vocab, 1);
+    struct ggml_tensor * t_params  = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, GGML_PYQWEN_SAMPLE_N_PARAMS, 1);
+    struct ggml_tensor * t_history = ggml_new_tensor_2d(ctx, GGML_TYPE_I32, window > 0 ? window : 1, 1);
+    struct ggml_tensor * t_out     = ggml_pyqwen_sample(ctx, t_logits, t_params, t_history);
+    struct ggml_cgraph * gf = ggml_new_graph_custom(ctx, 8, false);
+    ggml_build_forward_expand(gf, t_out);
 
-    /* probabilities of the untempered distribution over the kept candidates */
-    double * p = malloc(sizeof(double) * (size_t) n);
-    if (!p) { free(c); return pq_fail("out of memory"); }
-    double sum = 0.0;
-    for (int32_t i = 0; i < n; ++i) { p[i] = exp((double) c[i].logit - c[0].logit); sum += p[i]; }
-    if (s->top_p < 1.0f) {
-        double acc = 0.0;
-        for (int32_t i = 0; i < n; ++i) {
-            acc += p[i] / sum;
-            if (acc >= s->top_p) { n = i + 1; break; }
-        }
-    }
-    if (s->min_p > 0.0f) {
-        const double floor_p = s->min_p * p[0];   /* p[0] is the largest */
-        int32_t keep = 1;
-        while (keep < n && p[keep] >= floor_p) keep++;
-        n = keep;
-    }
+    int rc = -1;
+    ggml_backend_buffer_t buf = NULL;
+    ggml_backend_t cpu = ggml_backend_cpu_init();
+    if (!cpu) { pq_fail("could not start the CPU backend"); goto done; }
+    ggml_backend_cpu_set_n_threads(cpu, 1);   /* one row: the op would use one thread anyway */
+    buf = ggml_backend_alloc_ctx_tensors(ctx, cpu);
+    if (!buf) { pq_fail("out of memory"); goto done; }
 
-    sum = 0.0;
-    for (int32_t i = 0; i < n; ++i) { p[i] = exp(((double) c[i].logit - c[0].logit) / s->temperature); sum += p[i]; }
-    double target = (double) uniform * sum, acc = 0.0;
-    int32_t pick = n - 1;
-    for (int32_t i = 0; i < n; ++i) {
-        acc += p[i];
-        if (target < acc) { pick = i; break; }
-    }
-    *out_token = c[pick].id;
-    free(p);
-    free(c);
-    return 0;
+    ggml_backend_tensor_set(t_logits, logits, 0, ggml_nbytes(t_logits));
+    ggml_backend_tensor_set(t_params, params, 0, sizeof(params));
+    if (window > 0) ggml_backend_tensor_set(t_history, history + (n_history - window), 0, sizeof(int32_t) * (size_t) window);
+    else            ggml_backend_tensor_set(t_history, &empty_slot, 0, sizeof(empty_slot));
+
+    if (ggml_backend_graph_compute(cpu, gf) != GGML_STATUS_SUCCESS) { pq_fail("sampling graph failed"); goto done; }
+    int32_t token = -1;
+    ggml_backend_tensor_get(t_out, &token, 0, sizeof(token));
+    if (token < 0) { pq_fail("cannot sample: every logit is NaN"); goto done; }
+    *out_token = token;
+    rc = 0;
+done:
+    if (buf) ggml_backend_buffer_free(buf);
+    if (cpu) ggml_backend_free(cpu);
+    ggml_free(ctx);
+    return rc;
 }
