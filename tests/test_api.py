@@ -95,3 +95,25 @@ def test_cli_generate(tiny_gguf, tmp_path):
     with Llama(tiny_gguf, n_ctx=256) as llm:
         expected = llm("Hello", max_tokens=8, temperature=0.0)["choices"][0]["text"]
     assert proc.stdout == "Hello" + expected + "\n"
+
+
+def test_in_graph_sampler_matches_host_sampler(llm):
+    """generate() samples inside the graph (ggml_pyqwen_sample); replaying the same draws through
+    the host entry point over full-recompute logits gives the same tokens."""
+    from pyqwen._cffi import ffi, lib
+    from pyqwen._native import Sampling
+
+    prompt = llm.tokenize("Hello world, this is")
+    kw = dict(temperature=0.9, top_k=20, top_p=0.9, min_p=0.02, repeat_penalty=1.3)
+    got = [t for t, _ in zip(llm.generate(prompt, seed=5, repeat_last_n=8, **kw), range(10))]
+    rng, seq, expected = np.random.default_rng(5), list(prompt), []
+    c_sampling = Sampling(**kw, repeat_last_n=8).to_c()
+    for _ in range(10):
+        row = np.ascontiguousarray(llm.logits(seq)[-1])
+        hist = np.array(seq[-8:], dtype=np.int32)
+        out = ffi.new("int32_t *", -7)
+        assert lib.pq_sample_logits(ffi.from_buffer("float[]", row), row.size, c_sampling,
+                                    ffi.from_buffer("int32_t[]", hist), hist.size, float(rng.random()), out) == 0
+        expected.append(out[0])
+        seq.append(out[0])
+    assert got == expected

@@ -114,7 +114,7 @@ int pq_ctx_new(pq_model * model, const pq_ctx_params * params, pq_ctx ** out) {
 
     /* Reserve compute buffers for the largest pass up front, so memory use is known now. */
     int gi;
-    struct pq_graph * g = get_graph(ctx, nb, kv_span(ctx, params->n_ctx), 1, &gi);
+    struct pq_graph * g = get_graph(ctx, nb, kv_span(ctx, params->n_ctx), PQ_OUT_ALL, &gi);
     if (!g || !ggml_backend_sched_reserve(ctx->sched, g->gf)) { pq_fail("could not reserve compute buffers (out of memory?)"); goto fail; }
     pq_ctx_reset(ctx);
     *out = ctx;
@@ -173,6 +173,10 @@ static int run_pass(struct pq_ctx * ctx, const int32_t * tokens, int32_t n, int3
     ggml_backend_tensor_set(g->inp_pos, ctx->pos_buf, 0, sizeof(int32_t) * n);
     ggml_backend_tensor_set(g->inp_kv_idx, ctx->idx_buf, 0, sizeof(int64_t) * n);
     ggml_backend_tensor_set(g->inp_mask, ctx->mask_buf, 0, sizeof(uint16_t) * (size_t) n * n_kv);
+    if (g->out_mode == PQ_OUT_SAMPLE) {
+        ggml_backend_tensor_set(g->inp_sampler, ctx->sampler_buf, 0, sizeof(ctx->sampler_buf));
+        ggml_backend_tensor_set(g->inp_history, ctx->history_buf, 0, sizeof(ctx->history_buf));
+    }
     if (ggml_backend_sched_graph_compute(ctx->sched, g->gf) != GGML_STATUS_SUCCESS) {
         return pq_fail("the backend failed to compute the graph");
     }
@@ -204,7 +208,7 @@ int pq_ctx_eval(pq_ctx * ctx, const int32_t * tokens, int32_t n_tokens, int32_t 
         float * out = NULL;
         if (logits_out && logits_all) out = logits_out + (size_t) done * n_vocab;
         else if (logits_out && last) out = logits_out;
-        if (run_pass(ctx, tokens + done, n, logits_all ? 1 : 0, out)) return -1;
+        if (run_pass(ctx, tokens + done, n, logits_all ? PQ_OUT_ALL : PQ_OUT_LAST, out)) return -1;
         done += n;
     }
     return 0;
@@ -215,14 +219,21 @@ int pq_ctx_decode_sample(pq_ctx * ctx, int32_t token, const pq_sampling * s,
     if (check_tokens(ctx, &token, 1)) return -1;
     const bool greedy = s->temperature <= 0.0f && (s->repeat_penalty == 1.0f || n_history == 0);
     if (greedy) {
-        /* argmax runs in the graph: one int comes back instead of the logits */
-        return run_pass(ctx, &token, 1, 2, out_token);
+        /* plain argmax: cheaper than the sampler */
+        return run_pass(ctx, &token, 1, PQ_OUT_ARGMAX, out_token);
     }
-    const int32_t n_vocab = ctx->model->hp.n_vocab;
-    float * logits = malloc(sizeof(float) * n_vocab);
-    if (!logits) return pq_fail("out of memory");
-    int rc = run_pass(ctx, &token, 1, 0, logits);
-    if (rc == 0) rc = pq_sample_logits(logits, n_vocab, s, history, n_history, uniform, out_token);
-    free(logits);
-    return rc;
+    /* the sampler runs in the graph; the host passes its settings and the penalty window */
+    float * p = ctx->sampler_buf;
+    memset(p, 0, sizeof(ctx->sampler_buf));
+    p[GGML_PYQWEN_SAMPLE_TEMPERATURE] = s->temperature;
+    p[GGML_PYQWEN_SAMPLE_TOP_K] = (float) s->top_k;
+    p[GGML_PYQWEN_SAMPLE_TOP_P] = s->top_p;
+    p[GGML_PYQWEN_SAMPLE_MIN_P] = s->min_p;
+    p[GGML_PYQWEN_SAMPLE_REPEAT_PENALTY] = s->repeat_penalty;
+    p[GGML_PYQWEN_SAMPLE_UNIFORM] = uniform;
+    int32_t window = s->repeat_penalty == 1.0f ? 0 : n_history;
+    if (s->repeat_last_n > 0 && s->repeat_last_n < window) window = s->repeat_last_n;
+    if (window > PQ_HISTORY) window = PQ_HISTORY;
+    for (int32_t i = 0; i < PQ_HISTORY; ++i) ctx->history_buf[i] = i < window ? history[n_history - window + i] : -1;
+    return run_pass(ctx, &token, 1, PQ_OUT_SAMPLE, out_token);
 }

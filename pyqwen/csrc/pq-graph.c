@@ -128,11 +128,19 @@ struct ggml_cgraph * pq_build_graph(struct pq_ctx * ctx, struct pq_graph * g) {
         x = ggml_add(c, x, h);
         x = ggml_add(c, x, ffn_block(c, L, norm(c, x, L->post_norm, hp->norm_eps)));
     }
-    if (g->out_mode != 1) {
+    if (g->out_mode != PQ_OUT_ALL) {
         x = ggml_view_2d(c, x, hp->n_embd, 1, x->nb[1], (n - 1) * x->nb[1]);   /* only the last row */
     }
     struct ggml_tensor * logits = ggml_mul_mat(c, m->output, norm(c, x, m->output_norm, hp->norm_eps));
-    g->out = g->out_mode == 2 ? ggml_argmax(c, logits) : logits;
+    if (g->out_mode == PQ_OUT_SAMPLE) {
+        g->inp_sampler = ggml_new_tensor_2d(c, GGML_TYPE_F32, GGML_PYQWEN_SAMPLE_N_PARAMS, 1);
+        g->inp_history = ggml_new_tensor_2d(c, GGML_TYPE_I32, PQ_HISTORY, 1);
+        ggml_set_input(g->inp_sampler);
+        ggml_set_input(g->inp_history);
+        g->out = ggml_pyqwen_sample(c, logits, g->inp_sampler, g->inp_history);
+    } else {
+        g->out = g->out_mode == PQ_OUT_ARGMAX ? ggml_argmax(c, logits) : logits;
+    }
     ggml_set_output(g->out);
     ggml_build_forward_expand(gf, g->out);
     return gf;

@@ -9,12 +9,14 @@
 #include "ggml-backend.h"
 #include "ggml-cpu.h"
 #include "gguf.h"
+#include "ggml-pyqwen.h"
 
 #include <stdbool.h>
 
 #define PQ_MAX_LAYERS 256
 #define PQ_MAX_GRAPHS 8          /* graphs kept built, one per shape */
 #define PQ_KV_PAD     256        /* attention spans the cache in steps of this many cells */
+#define PQ_HISTORY    256        /* most previous tokens the in-graph repetition penalty sees */
 
 /* Sets the thread-local error message; returns -1 so callers can `return pq_fail(...)`. */
 int pq_fail(const char * fmt, ...);
@@ -97,11 +99,18 @@ struct pq_model {
     int64_t size_bytes;
 };
 
+enum pq_out_mode {
+    PQ_OUT_LAST   = 0,           /* logits of the last row */
+    PQ_OUT_ALL    = 1,           /* logits of every row */
+    PQ_OUT_ARGMAX = 2,           /* greedy token of the last row */
+    PQ_OUT_SAMPLE = 3,           /* token drawn by the in-graph sampler (ggml_pyqwen_sample) */
+};
+
 /* One built graph for a given shape (tokens per pass, attended cache cells, logits wanted). */
 struct pq_graph {
     int32_t n_tokens;
     int32_t n_kv;
-    int32_t out_mode;            /* 0 last row's logits, 1 all rows, 2 argmax of the last row */
+    int32_t out_mode;            /* PQ_OUT_* */
     uint64_t last_used;
     struct ggml_context * ctx;
     struct ggml_cgraph  * gf;
@@ -109,6 +118,8 @@ struct pq_graph {
     struct ggml_tensor  * inp_pos;      /* I32 [n_tokens] */
     struct ggml_tensor  * inp_kv_idx;   /* I64 [n_tokens], cache cells written */
     struct ggml_tensor  * inp_mask;     /* F16 [n_kv, n_tokens] */
+    struct ggml_tensor  * inp_sampler;  /* F32 [GGML_PYQWEN_SAMPLE_N_PARAMS], PQ_OUT_SAMPLE only */
+    struct ggml_tensor  * inp_history;  /* I32 [PQ_HISTORY], -1 = empty, PQ_OUT_SAMPLE only */
     struct ggml_tensor  * out;          /* logits or argmax */
 };
 
@@ -136,6 +147,8 @@ struct pq_ctx {
     uint16_t * mask_buf;     /* ggml_fp16_t */
     int32_t  * pos_buf;
     int64_t  * idx_buf;
+    int32_t    history_buf[PQ_HISTORY];
+    float      sampler_buf[GGML_PYQWEN_SAMPLE_N_PARAMS];
 };
 
 struct ggml_cgraph * pq_build_graph(struct pq_ctx * ctx, struct pq_graph * g);
