@@ -32,12 +32,26 @@ const char * pq_backend_name(void) {
 #endif
 }
 
-/* ggml logs go to stderr only when asked for; the last error line is kept for messages. */
+/* ggml logs go to stderr only when asked for. Error lines are kept, so that if ggml aborts the
+ * process anyway (a CUDA error, an assert) the reason is printed instead of lost. */
 static bool pq_verbose;
+static char pq_ggml_errors[2048];
+
 static void pq_log(enum ggml_log_level level, const char * text, void * user) {
     (void) user;
-    (void) level;
-    if (pq_verbose) fputs(text, stderr);
+    if (pq_verbose) {
+        fputs(text, stderr);
+    } else if (level == GGML_LOG_LEVEL_ERROR || level == GGML_LOG_LEVEL_CONT) {
+        const size_t used = strlen(pq_ggml_errors), room = sizeof(pq_ggml_errors) - 1;
+        if (strlen(text) >= room) return;
+        if (used + strlen(text) > room) pq_ggml_errors[0] = '\0';  /* keep the latest lines */
+        strncat(pq_ggml_errors, text, room - strlen(pq_ggml_errors));
+    }
+}
+
+static void pq_on_abort(const char * message) {
+    if (!pq_verbose && pq_ggml_errors[0]) fprintf(stderr, "pyqwen: last ggml errors:\n%s", pq_ggml_errors);
+    fprintf(stderr, "%s\n", message);
 }
 
 /* ---- metadata ---- */
@@ -243,6 +257,7 @@ int pq_model_load(const char * path, const pq_model_params * params, pq_model **
     *out = NULL;
     pq_verbose = params->verbose != 0;
     ggml_log_set(pq_log, NULL);
+    ggml_set_abort_callback(pq_on_abort);
 
     FILE * f = fopen(path, "rb");
     if (!f) return pq_fail("cannot open %s", path);
