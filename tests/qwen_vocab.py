@@ -34,19 +34,7 @@ USER_DEFINED_TOKENS = frozenset(
 )
 
 
-def _byte_encoder() -> dict[int, str]:
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
-    cs = bs[:]
-    n = 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return {b: chr(c) for b, c in zip(bs, cs)}
-
-
-BYTE_ENCODER = _byte_encoder()
+from pyqwen.tokenizer import BYTE_ENCODER  # GPT-2's byte -> character map, one definition
 
 
 def to_unicode(b: bytes) -> str:
