@@ -169,13 +169,9 @@ class Llama:
         c_sampling = sampling.to_c()
         rng = np.random.default_rng(seed) if seed is not None else self._rng
         prompt = list(tokens)
-        if not prompt:
-            raise ValueError("generate needs at least one prompt token")
+        self._check_prompt(prompt)
         ctx = self._context
         ctx.reset()
-        if len(prompt) >= ctx.n_ctx:
-            raise ContextOverflowError(f"the prompt has {len(prompt)} tokens but n_ctx={ctx.n_ctx}; "
-                                       "use a larger n_ctx or a shorter prompt")
         if len(prompt) > 1:
             ctx.eval(prompt[:-1], logits="none")
         history = np.array(prompt[-repeat_last_n:] if repeat_last_n > 0 else prompt, dtype=np.int32)

@@ -160,7 +160,7 @@ static bool type_supported(enum ggml_type t) {
     return tt->blck_size > 0 && tt->type_size > 0 && ggml_get_type_traits_cpu(t)->vec_dot != NULL;
 }
 
-static int collect_requirements(struct pq_model * m, struct tensor_req * reqs, int * n_req) {
+static void collect_requirements(struct pq_model * m, struct tensor_req * reqs, int * n_req) {
     const struct pq_hparams * hp = &m->hp;
     int n = 0;
 #define REQ(dst_, layer_, opt_, f32_, ne0_, ne1_, ...) do { \
@@ -199,7 +199,6 @@ static int collect_requirements(struct pq_model * m, struct tensor_req * reqs, i
     }
 #undef REQ
     *n_req = n;
-    return 0;
 }
 
 static int check_tensor(const struct ggml_tensor * t, const struct tensor_req * r) {
