@@ -160,14 +160,26 @@ class NativeContext:
             raise RuntimeError(_error())
         return out
 
-    def decode_sample(self, token: int, c_sampling, history: np.ndarray, uniform: float) -> int:
-        """Feed one token and return the sampled next one (c_sampling from Sampling.to_c())."""
+    def generate(self, token: int, n_steps: int, c_sampling, history: np.ndarray, uniforms: np.ndarray,
+                 stop: np.ndarray) -> np.ndarray:
+        """Feed `token`, then decode up to n_steps tokens in the runtime (one call, no Python per
+        token); stops after a token in `stop`. c_sampling from Sampling.to_c(); uniforms: n_steps
+        float32 draws in [0, 1). Returns the picked tokens."""
         self._check(np.array([token]))
-        out = ffi.new("int32_t *")
-        hist = ffi.from_buffer("int32_t[]", history) if history.size else ffi.NULL
-        if lib.pq_ctx_decode_sample(self.ptr, token, c_sampling, hist, history.size, uniform, out) != 0:
+        if self.n_past + n_steps > self.n_ctx:
+            raise ContextOverflowError(f"{self.n_past} tokens in the context + {n_steps} steps exceed n_ctx={self.n_ctx}")
+        out = np.empty(n_steps, dtype=np.int32)
+        history = np.ascontiguousarray(history, dtype=np.int32)
+        uniforms = np.ascontiguousarray(uniforms, dtype=np.float32)
+        stop = np.ascontiguousarray(stop, dtype=np.int32)
+        n = lib.pq_ctx_generate(self.ptr, token, n_steps, c_sampling,
+                                ffi.from_buffer("int32_t[]", history) if history.size else ffi.NULL, history.size,
+                                ffi.from_buffer("float[]", uniforms),
+                                ffi.from_buffer("int32_t[]", stop) if stop.size else ffi.NULL, stop.size,
+                                ffi.from_buffer("int32_t[]", out))
+        if n < 0:
             raise RuntimeError(_error())
-        return out[0]
+        return out[:n]
 
     def close(self) -> None:
         if self._ptr is not None:

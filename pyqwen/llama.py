@@ -162,8 +162,10 @@ class Llama:
                  seed: int | None = None) -> Iterator[int]:
         """Yield sampled token ids after the prompt tokens, until prompt + output fill n_ctx.
 
-        The state is reset first. Sampling runs in the runtime (greedy as an argmax inside the
-        graph); Python only passes one random number per step.
+        The state is reset first. Decoding and sampling run in the runtime (greedy as an argmax
+        inside the graph), a few tokens per call: Python passes one random number per token and
+        sees the tokens in chunks that grow from 1 to 16 (a chunk ends early at an end-of-generation
+        token), so the first token streams at once and a consumer that stops early wastes little.
         """
         sampling = Sampling(temperature, top_k, top_p, min_p, repeat_penalty, repeat_last_n)
         c_sampling = sampling.to_c()
@@ -174,13 +176,17 @@ class Llama:
         ctx.reset()
         if len(prompt) > 1:
             ctx.eval(prompt[:-1], logits="none")
-        history = np.array(prompt[-repeat_last_n:] if repeat_last_n > 0 else prompt, dtype=np.int32)
-        last = prompt[-1]
+        window = repeat_last_n if repeat_last_n > 0 else len(prompt) + ctx.n_ctx
+        history = np.array(prompt[-window:], dtype=np.int32)
+        stop = np.array(sorted(self.tokenizer.eog_ids), dtype=np.int32)
+        last, chunk = prompt[-1], 1
         while ctx.n_past < ctx.n_ctx - 1:
-            last = ctx.decode_sample(last, c_sampling, history, float(rng.random()))
+            n = min(chunk, ctx.n_ctx - 1 - ctx.n_past)
+            picked = ctx.generate(last, n, c_sampling, history, rng.random(n), stop)
             if repeat_penalty != 1.0:
-                history = np.append(history, np.int32(last))[-max(repeat_last_n, 1):]
-            yield last
+                history = np.concatenate([history, picked])[-window:]
+            yield from picked.tolist()
+            last, chunk = int(picked[-1]), min(2 * chunk, 16)
 
     # ---- completions ----
     def _completion_tokens(self, prompt_tokens: list[int], *, max_tokens: int | None, stop: list[str],

@@ -214,26 +214,37 @@ int pq_ctx_eval(pq_ctx * ctx, const int32_t * tokens, int32_t n_tokens, int32_t 
     return 0;
 }
 
-int pq_ctx_decode_sample(pq_ctx * ctx, int32_t token, const pq_sampling * s,
-                         const int32_t * history, int32_t n_history, float uniform, int32_t * out_token) {
+int32_t pq_ctx_generate(pq_ctx * ctx, int32_t token, int32_t n_steps, const pq_sampling * s,
+                        const int32_t * history, int32_t n_history, const float * uniforms,
+                        const int32_t * stop, int32_t n_stop, int32_t * out_tokens) {
+    if (n_steps <= 0) return pq_fail("n_steps must be positive, got %d", n_steps);
     if (check_tokens(ctx, &token, 1)) return -1;
-    const bool greedy = s->temperature <= 0.0f && (s->repeat_penalty == 1.0f || n_history == 0);
-    if (greedy) {
-        /* plain argmax: cheaper than the sampler */
-        return run_pass(ctx, &token, 1, PQ_OUT_ARGMAX, out_token);
+    if (ctx->n_past + n_steps > ctx->params.n_ctx) {
+        return pq_fail("context overflow: %d tokens in the context + %d steps > n_ctx=%d", ctx->n_past, n_steps, ctx->params.n_ctx);
     }
-    /* the sampler runs in the graph; the host passes its settings and the penalty window */
-    float * p = ctx->sampler_buf;
-    memset(p, 0, sizeof(ctx->sampler_buf));
-    p[GGML_PYQWEN_SAMPLE_TEMPERATURE] = s->temperature;
-    p[GGML_PYQWEN_SAMPLE_TOP_K] = (float) s->top_k;
-    p[GGML_PYQWEN_SAMPLE_TOP_P] = s->top_p;
-    p[GGML_PYQWEN_SAMPLE_MIN_P] = s->min_p;
-    p[GGML_PYQWEN_SAMPLE_REPEAT_PENALTY] = s->repeat_penalty;
-    p[GGML_PYQWEN_SAMPLE_UNIFORM] = uniform;
-    int32_t window = s->repeat_penalty == 1.0f ? 0 : n_history;
-    if (s->repeat_last_n > 0 && s->repeat_last_n < window) window = s->repeat_last_n;
-    if (window > PQ_HISTORY) window = PQ_HISTORY;
-    for (int32_t i = 0; i < PQ_HISTORY; ++i) ctx->history_buf[i] = i < window ? history[n_history - window + i] : -1;
-    return run_pass(ctx, &token, 1, PQ_OUT_SAMPLE, out_token);
+    /* greedy is a plain argmax in the graph, cheaper than the sampler */
+    const bool greedy = s->temperature <= 0.0f && s->repeat_penalty == 1.0f;
+    int32_t window = 0;  /* the penalty window: the tail of history, then of the output */
+    if (!greedy) {
+        window = s->repeat_penalty == 1.0f ? 0 : (s->repeat_last_n > 0 ? s->repeat_last_n : PQ_HISTORY);
+        if (window > PQ_HISTORY) window = PQ_HISTORY;
+    }
+    for (int32_t i = 0; i < n_steps; ++i) {
+        if (!greedy) {
+            pq_sampler_params(s, uniforms[i], ctx->sampler_buf);
+            /* the last `window` tokens of history + out_tokens[0..i), left-aligned, -1 padded */
+            const int32_t total = n_history + i;
+            const int32_t w = total < window ? total : window;
+            for (int32_t j = 0; j < PQ_HISTORY; ++j) {
+                const int32_t at = total - w + j;
+                ctx->history_buf[j] = j >= w ? -1 : at < n_history ? history[at] : out_tokens[at - n_history];
+            }
+        }
+        if (run_pass(ctx, &token, 1, greedy ? PQ_OUT_ARGMAX : PQ_OUT_SAMPLE, &out_tokens[i])) return -1;
+        token = out_tokens[i];
+        for (int32_t j = 0; j < n_stop; ++j) {
+            if (token == stop[j]) return i + 1;
+        }
+    }
+    return n_steps;
 }

@@ -153,4 +153,7 @@ struct pq_ctx {
 
 struct ggml_cgraph * pq_build_graph(struct pq_ctx * ctx, struct pq_graph * g);
 
+/* The sample op's parameter row (GGML_PYQWEN_SAMPLE_N_PARAMS floats) for these settings. */
+void pq_sampler_params(const pq_sampling * s, float uniform, float * params);
+
 #endif /* PQ_INTERNAL_H */

@@ -5,6 +5,18 @@
 
 #include "ggml-pyqwen.h"
 
+#include <string.h>
+
+void pq_sampler_params(const pq_sampling * s, float uniform, float * params) {
+    memset(params, 0, sizeof(float) * GGML_PYQWEN_SAMPLE_N_PARAMS);
+    params[GGML_PYQWEN_SAMPLE_TEMPERATURE]    = s->temperature;
+    params[GGML_PYQWEN_SAMPLE_TOP_K]          = (float) s->top_k;
+    params[GGML_PYQWEN_SAMPLE_TOP_P]          = s->top_p;
+    params[GGML_PYQWEN_SAMPLE_MIN_P]          = s->min_p;
+    params[GGML_PYQWEN_SAMPLE_REPEAT_PENALTY] = s->repeat_penalty;
+    params[GGML_PYQWEN_SAMPLE_UNIFORM]        = uniform;
+}
+
 int pq_sample_logits(const float * logits, int32_t n_vocab, const pq_sampling * s,
                      const int32_t * history, int32_t n_history, float uniform, int32_t * out_token) {
     if (!logits || !s || !out_token) return pq_fail("pq_sample_logits: NULL argument");
@@ -17,14 +29,8 @@ int pq_sample_logits(const float * logits, int32_t n_vocab, const pq_sampling * 
     if (s->repeat_penalty != 1.0f && n_history > 0)
         window = s->repeat_last_n > 0 && s->repeat_last_n < n_history ? s->repeat_last_n : n_history;
     const int32_t empty_slot = -1;
-    const float params[GGML_PYQWEN_SAMPLE_N_PARAMS] = {
-        [GGML_PYQWEN_SAMPLE_TEMPERATURE]    = s->temperature,
-        [GGML_PYQWEN_SAMPLE_TOP_K]          = (float) s->top_k,
-        [GGML_PYQWEN_SAMPLE_TOP_P]          = s->top_p,
-        [GGML_PYQWEN_SAMPLE_MIN_P]          = s->min_p,
-        [GGML_PYQWEN_SAMPLE_REPEAT_PENALTY] = s->repeat_penalty,
-        [GGML_PYQWEN_SAMPLE_UNIFORM]        = uniform,
-    };
+    float params[GGML_PYQWEN_SAMPLE_N_PARAMS];
+    pq_sampler_params(s, uniform, params);
 
     struct ggml_init_params ip = {
         .mem_size   = 8 * ggml_tensor_overhead() + ggml_graph_overhead_custom(8, false),

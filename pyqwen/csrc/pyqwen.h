@@ -88,11 +88,14 @@ PQ_API int64_t pq_ctx_memory_bytes(const pq_ctx * ctx);
  * last token's. */
 PQ_API int pq_ctx_eval(pq_ctx * ctx, const int32_t * tokens, int32_t n_tokens, int32_t logits_all, float * logits_out);
 
-/* Feed one token and pick the next with the given sampler. history/n_history are the tokens
- * the repetition penalty looks at; uniform is a random number in [0, 1) that drives the draw. */
-PQ_API int pq_ctx_decode_sample(pq_ctx * ctx, int32_t token, const pq_sampling * sampling,
-                                const int32_t * history, int32_t n_history, float uniform,
-                                int32_t * out_token);
+/* Decode up to n_steps tokens autoregressively, starting by feeding `token`; every step feeds the
+ * token it picked. Greedy (temperature <= 0, no penalty) is an argmax in the graph, anything else
+ * the in-graph sampler: uniforms[i] in [0, 1) drives step i's draw (unused when greedy), and the
+ * repetition penalty looks at the tail of history + the tokens picked so far. Stops after picking a
+ * token listed in stop. Returns the number of tokens written to out_tokens, or -1 on error. */
+PQ_API int32_t pq_ctx_generate(pq_ctx * ctx, int32_t token, int32_t n_steps, const pq_sampling * sampling,
+                               const int32_t * history, int32_t n_history, const float * uniforms,
+                               const int32_t * stop, int32_t n_stop, int32_t * out_tokens);
 
 /* Pick a token from one row of logits on the host (the same sampler as above). */
 PQ_API int pq_sample_logits(const float * logits, int32_t n_vocab, const pq_sampling * sampling,
