@@ -52,6 +52,14 @@ class ModelInfo:
 
 
 @dataclass(frozen=True)
+class Timings:
+    """A context's accumulated pass count, host time outside device waits, and wait time (us)."""
+    n_passes: int
+    host_us: int
+    wait_us: int
+
+
+@dataclass(frozen=True)
 class Sampling:
     temperature: float = 0.8
     top_k: int = 40
@@ -96,6 +104,11 @@ class NativeModel:
             raise RuntimeError("the model is closed")
         return self._ptr
 
+    def device_memory(self) -> tuple[int, int] | None:
+        """(free, total) bytes of the GPU the model runs on; None on the CPU."""
+        free, total = ffi.new("int64_t *"), ffi.new("int64_t *")
+        return (free[0], total[0]) if lib.pq_model_device_memory(self.ptr, free, total) == 0 else None
+
     def close(self) -> None:
         if self._ptr is not None:
             lib.pq_model_free(self._ptr)
@@ -133,6 +146,11 @@ class NativeContext:
 
     def reset(self) -> None:
         lib.pq_ctx_reset(self.ptr)
+
+    def timings(self) -> Timings:
+        t = ffi.new("pq_ctx_timings *")
+        lib.pq_ctx_get_timings(self.ptr, t)
+        return Timings(t.n_passes, t.host_us, t.wait_us)
 
     def _check(self, tokens: np.ndarray) -> None:
         if tokens.size and (tokens.min() < 0 or tokens.max() >= self.n_vocab):

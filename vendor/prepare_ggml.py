@@ -94,7 +94,13 @@ def patchset_id(pin: dict[str, str]) -> str:
     return h.hexdigest()
 
 
-def extract(sdist: Path, subdir: str, dest: Path) -> None:
+def _skipped_backend(parts: list[str]) -> bool:
+    """True for ggml/src/ggml-<backend we never build>/..., given the path parts below ggml/."""
+    return len(parts) >= 2 and parts[0] == "src" and any(parts[1] == f"ggml-{b}" for b in SKIPPED_BACKENDS)
+
+
+def extract(sdist: Path, subdir: str, dest: Path, keep=lambda parts: True) -> None:
+    """Extract sdist's subdir/ into dest, keeping the paths (split into parts) that keep() accepts."""
     prefix = f"{sdist.name.removesuffix('.tar.gz')}/{subdir}/"
     tmp = dest.with_name(dest.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -104,8 +110,7 @@ def extract(sdist: Path, subdir: str, dest: Path) -> None:
             if not m.name.startswith(prefix) or not (m.isfile() or m.isdir()):
                 continue
             rel = m.name[len(prefix):]
-            parts = rel.split("/")
-            if len(parts) >= 2 and parts[0] == "src" and any(parts[1] == f"ggml-{b}" for b in SKIPPED_BACKENDS):
+            if not rel or not keep(rel.split("/")):
                 continue
             m.name = rel
             members.append(m)
@@ -114,6 +119,34 @@ def extract(sdist: Path, subdir: str, dest: Path) -> None:
         tar.extractall(tmp, members=members, filter="data")
     shutil.rmtree(dest, ignore_errors=True)
     tmp.rename(dest)
+
+
+def verified_sdist(pin: dict[str, str]) -> Path:
+    sdist = locate_sdist(pin)
+    got = sha256(sdist)
+    if got != pin["sha256"]:
+        raise PrepareError(f"{sdist} has sha256 {got}, expected {pin['sha256']} (vendor/ggml.pin)")
+    return sdist
+
+
+# What upstream llama.cpp needs to build libllama and its tools' common library.
+UPSTREAM_TOP = {"CMakeLists.txt", "LICENSE", "cmake", "include", "src", "common", "vendor", "tools"}
+
+
+def extract_upstream(dest: Path, tools: tuple[str, ...] = ("llama-bench",)) -> None:
+    """Unpatched upstream llama.cpp from the pinned sdist (the tree vendor/ggml comes from), with
+    only the named tools and the ggml backends pyqwen builds, for side-by-side comparisons."""
+    pin = read_pin()
+    root = pin["subdir"].rsplit("/", 1)[0]  # vendor/llama.cpp
+
+    def keep(parts: list[str]) -> bool:
+        if parts[0] == "ggml":
+            return not _skipped_backend(parts[1:])
+        if parts[0] not in UPSTREAM_TOP:
+            return False
+        return parts[0] != "tools" or len(parts) == 1 or parts[1] in tools
+
+    extract(verified_sdist(pin), root, dest, keep)
 
 
 def apply_patches(dest: Path) -> None:
@@ -134,11 +167,7 @@ def main() -> int:
     if STAMP.is_file() and STAMP.read_text().strip() == want:
         return 0
     try:
-        sdist = locate_sdist(pin)
-        got = sha256(sdist)
-        if got != pin["sha256"]:
-            raise PrepareError(f"{sdist} has sha256 {got}, expected {pin['sha256']} (vendor/ggml.pin)")
-        extract(sdist, pin["subdir"], DEST)
+        extract(verified_sdist(pin), pin["subdir"], DEST, lambda parts: not _skipped_backend(parts))
         apply_patches(DEST)
     except PrepareError as e:
         print(f"prepare_ggml: error: {e}", file=sys.stderr)

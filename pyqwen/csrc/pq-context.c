@@ -140,6 +140,8 @@ void pq_ctx_free(pq_ctx * ctx) {
 
 int32_t pq_ctx_n_past(const pq_ctx * ctx) { return ctx->n_past; }
 
+void pq_ctx_get_timings(const pq_ctx * ctx, pq_ctx_timings * out) { *out = ctx->timings; }
+
 int64_t pq_ctx_memory_bytes(const pq_ctx * ctx) {
     int64_t total = 0;
     if (ctx->buf_state_cpu) total += ggml_backend_buffer_get_size(ctx->buf_state_cpu);
@@ -152,6 +154,7 @@ int64_t pq_ctx_memory_bytes(const pq_ctx * ctx) {
 
 /* One forward pass of n tokens (n <= n_batch) at the current position. */
 static int run_pass(struct pq_ctx * ctx, const int32_t * tokens, int32_t n, int32_t out_mode, void * out) {
+    const int64_t t_start = ggml_time_us();
     const int32_t n_past = ctx->n_past;
     const int32_t n_kv = kv_span(ctx, n_past + n);
     int gi;
@@ -177,11 +180,17 @@ static int run_pass(struct pq_ctx * ctx, const int32_t * tokens, int32_t n, int3
         ggml_backend_tensor_set(g->inp_sampler, ctx->sampler_buf, 0, sizeof(ctx->sampler_buf));
         ggml_backend_tensor_set(g->inp_history, ctx->history_buf, 0, sizeof(ctx->history_buf));
     }
-    if (ggml_backend_sched_graph_compute(ctx->sched, g->gf) != GGML_STATUS_SUCCESS) {
+    if (ggml_backend_sched_graph_compute_async(ctx->sched, g->gf) != GGML_STATUS_SUCCESS) {
         return pq_fail("the backend failed to compute the graph");
     }
+    const int64_t t_wait = ggml_time_us();
+    ggml_backend_sched_synchronize(ctx->sched);
+    const int64_t t_done = ggml_time_us();
     ctx->n_past += n;
     if (out) ggml_backend_tensor_get(g->out, out, 0, ggml_nbytes(g->out));
+    ctx->timings.n_passes += 1;
+    ctx->timings.wait_us += t_done - t_wait;
+    ctx->timings.host_us += (t_wait - t_start) + (ggml_time_us() - t_done);
     return 0;
 }
 

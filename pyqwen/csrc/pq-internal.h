@@ -143,6 +143,8 @@ struct pq_ctx {
     uint64_t tick;
     int32_t  active_graph;   /* index the scheduler is allocated for, or -1 */
 
+    pq_ctx_timings timings;
+
     /* host scratch */
     uint16_t * mask_buf;     /* ggml_fp16_t */
     int32_t  * pos_buf;

@@ -388,3 +388,12 @@ void pq_model_get_info(const pq_model * m, pq_model_info * info) {
     info->size_bytes = m->size_bytes;
     info->n_gpu_layers = m->n_gpu_layers;
 }
+
+int pq_model_device_memory(const pq_model * m, int64_t * free_bytes, int64_t * total_bytes) {
+    if (!m->backend_gpu) return -1;
+    size_t free_b = 0, total_b = 0;
+    ggml_backend_dev_memory(ggml_backend_get_device(m->backend_gpu), &free_b, &total_b);
+    *free_bytes = (int64_t) free_b;
+    *total_bytes = (int64_t) total_b;
+    return 0;
+}

@@ -67,6 +67,13 @@ typedef struct pq_sampling {
     int32_t  repeat_last_n; /* window of previous tokens the penalty looks at */
 } pq_sampling;
 
+/* Where a context's time went, accumulated over its life (pq_ctx_reset keeps them). */
+typedef struct pq_ctx_timings {
+    int64_t n_passes;       /* forward passes run */
+    int64_t host_us;        /* host time in passes, outside waits for the device */
+    int64_t wait_us;        /* time spent waiting for the device to finish a pass */
+} pq_ctx_timings;
+
 const char * pq_last_error(void);
 const char * pq_version(void);
 const char * pq_backend_name(void);     /* "CUDA" or "CPU": the backend the build has */
@@ -74,6 +81,8 @@ const char * pq_backend_name(void);     /* "CUDA" or "CPU": the backend the buil
 PQ_API int  pq_model_load(const char * path, const pq_model_params * params, pq_model ** out);
 PQ_API void pq_model_free(pq_model * model);
 PQ_API void pq_model_get_info(const pq_model * model, pq_model_info * info);
+/* Free and total memory of the GPU the model uses; -1 when it runs on the CPU only. */
+PQ_API int  pq_model_device_memory(const pq_model * model, int64_t * free_bytes, int64_t * total_bytes);
 
 PQ_API int  pq_ctx_new(pq_model * model, const pq_ctx_params * params, pq_ctx ** out);
 PQ_API void pq_ctx_free(pq_ctx * ctx);
@@ -82,6 +91,7 @@ PQ_API void pq_ctx_reset(pq_ctx * ctx);
 PQ_API int32_t pq_ctx_n_past(const pq_ctx * ctx);
 /* Bytes of device/host buffers the context holds (KV cache, states, compute buffers). */
 PQ_API int64_t pq_ctx_memory_bytes(const pq_ctx * ctx);
+PQ_API void pq_ctx_get_timings(const pq_ctx * ctx, pq_ctx_timings * out);
 
 /* Run n_tokens tokens after the current position, in passes of at most n_batch tokens.
  * logits_out (may be NULL) receives n_vocab floats per token when logits_all, else only the

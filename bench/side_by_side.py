@@ -1,0 +1,265 @@
+#!/usr/bin/env python3
+"""pyqwen-bench and upstream llama.cpp's llama-bench on the same GGUF files, in one call.
+
+  side_by_side.py pack                    (here) upstream llama.cpp from the pinned sdist, unpatched,
+                                          trimmed to what llama-bench needs -> .devcarry/upstream.tar.xz
+  side_by_side.py build --out D           (on the GPU machine) build both, in parallel, under /tmp
+                                          (an earlier upstream build from the same tarball is reused)
+  side_by_side.py run --commit C --out D  (on the GPU machine) build, write the synthetic models,
+                                          run both benches, write D/side_by_side.{jsonl,md} and logs
+  side_by_side.py record D                (here) append D's rows to bench/results.jsonl and
+                                          bench/RESULTS.md
+
+`run` expects pyqwen's build dependencies importable (see bench/RESULTS.md for the device command)
+and the patched ggml tree in vendor/ggml (the build's offline path). Both benches get the same
+flags: -ngl 99 (all layers), flash attention, the same tests and repetitions. GPU memory is the
+card's memory.used (nvidia-smi) at its peak during a run, minus its idle value before it, so the
+two sides are measured the same way; the memory run uses n_ctx = 32768 on both.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import hashlib
+import json
+import os
+import shlex
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+CARRY = ROOT / ".devcarry" / "upstream.tar.xz"
+WORK = Path("/tmp/side_by_side")
+DEFAULT_MODELS = "9b:q4_0,9b:q4_k"
+DEFAULT_TESTS = "-p 512 -n 128 -d 0,8192 -r 3"
+MEM_TEST = "-p 0 -n 128 -d 32640 -r 1"  # n_ctx = 32768 on both sides
+CUDA_ARCH = "90"
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def sh(cmd: list[str] | str, logfile: Path, env: dict | None = None, background: bool = False):
+    f = open(logfile, "ab")
+    if isinstance(cmd, str):
+        cmd = ["bash", "-c", cmd]
+    proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
+    if background:
+        return proc
+    if proc.wait() != 0:
+        sys.exit(f"side_by_side: `{shlex.join(cmd)}` failed; see {logfile}")
+    return proc
+
+
+def pack() -> int:
+    sys.path.insert(0, str(ROOT / "vendor"))
+    import prepare_ggml
+
+    tree = WORK / "llama.cpp"
+    prepare_ggml.extract_upstream(tree)
+    CARRY.parent.mkdir(exist_ok=True)
+    subprocess.run(["tar", "-C", str(tree.parent), "-cJf", str(CARRY), tree.name], check=True)
+    print(f"{CARRY} ({CARRY.stat().st_size >> 20} MiB): carry .devcarry on the GPU machine")
+    return 0
+
+
+def start_upstream_build(logdir: Path):
+    """Starts the llama-bench build (CUDA) unless one from the same tarball exists."""
+    stamp = WORK / "upstream.sha256"
+    digest = hashlib.sha256(CARRY.read_bytes()).hexdigest()
+    binary = WORK / "build" / "bin" / "llama-bench"
+    if binary.is_file() and stamp.is_file() and stamp.read_text() == digest:
+        log("upstream llama-bench: reusing the earlier build")
+        return None, binary
+    WORK.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["tar", "-C", str(WORK), "-xJf", str(CARRY)], check=True)
+    # llama.cpp's own tools/CMakeLists.txt adds every tool; this adds llama-bench alone.
+    (WORK / "CMakeLists.txt").write_text(
+        "cmake_minimum_required(VERSION 3.14)\nproject(upstream_bench C CXX)\n"
+        "add_subdirectory(llama.cpp)\nadd_subdirectory(llama.cpp/tools/llama-bench)\n")
+    cmd = (f"cmake -S {WORK} -B {WORK}/build -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON "
+           f"-DCMAKE_CUDA_ARCHITECTURES={CUDA_ARCH} -DGGML_NATIVE=OFF -DLLAMA_BUILD_COMMON=ON "
+           "-DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_EXAMPLES=OFF "
+           "-DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF -DLLAMA_OPENSSL=OFF "
+           f"-DCMAKE_RUNTIME_OUTPUT_DIRECTORY={WORK}/build/bin "
+           f"&& cmake --build {WORK}/build --target llama-bench -j {os.cpu_count()} && echo {digest} > {stamp}")
+    log("upstream llama-bench: building in the background")
+    return sh(cmd, logdir / "upstream-build.log", background=True), binary
+
+
+def build_pyqwen(logdir: Path) -> None:
+    log("pyqwen: building with CUDA")
+    sh([sys.executable, "-m", "pip", "install", "-q", "--no-build-isolation", "--no-deps", str(ROOT),
+        "-C", "cmake.define.PYQWEN_CUDA=ON", "-C", f"build-dir={WORK}/pyqwen-build"],
+       logdir / "pyqwen-build.log", env={"PYQWEN_CUDA_ARCHS": CUDA_ARCH, "CMAKE_BUILD_PARALLEL_LEVEL": str(os.cpu_count())})
+
+
+class GpuMemory:
+    """Peak of the card's memory.used while a command runs, above its value before it."""
+
+    def __init__(self):
+        self.idle = self.used()
+        self.peak = self.idle
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._poll, daemon=True)
+
+    @staticmethod
+    def used() -> int:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, check=True).stdout
+        return int(out.split()[0])
+
+    def _poll(self):
+        while not self._stop.wait(0.2):
+            self.peak = max(self.peak, self.used())
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+
+    @property
+    def mib(self) -> int:
+        return self.peak - self.idle
+
+
+def bench(cmd: list[str], logfile: Path) -> tuple[list[dict], int]:
+    """Runs one bench with -o jsonl; its records and the peak GPU MiB."""
+    log(" ".join(cmd))
+    with GpuMemory() as mem, open(logfile, "ab") as err:
+        proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=err, text=True)
+    if proc.returncode != 0:
+        sys.exit(f"side_by_side: {cmd[0]} failed (exit {proc.returncode}); see {logfile}")
+    return [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")], mem.mib
+
+
+def test_name(r: dict) -> str:
+    p, n, d = r["n_prompt"], r["n_gen"], r["n_depth"]
+    name = f"pp{p}+tg{n}" if p and n else (f"pp{p}" if p else f"tg{n}")
+    return name + (f" @ d{d}" if d else "")
+
+
+def gpu_info() -> tuple[str, str]:
+    out = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
+                         capture_output=True, text=True, check=True).stdout.strip().splitlines()[0]
+    name, driver = (s.strip() for s in out.split(","))
+    return name, driver
+
+
+def build(out: Path) -> Path:
+    """Builds upstream llama-bench (in the background) and pyqwen; returns llama-bench's path."""
+    out.mkdir(parents=True, exist_ok=True)
+    if not CARRY.is_file():
+        sys.exit(f"side_by_side: {CARRY} is missing: run `bench/side_by_side.py pack` first and carry .devcarry")
+    t0 = time.time()
+    upstream_proc, llama_bench = start_upstream_build(out)
+    build_pyqwen(out)
+    log(f"pyqwen built ({time.time() - t0:.0f} s)")
+    if upstream_proc is not None and upstream_proc.wait() != 0:
+        sys.exit(f"side_by_side: the upstream build failed; see {out}/upstream-build.log")
+    log(f"upstream built ({time.time() - t0:.0f} s)")
+    return llama_bench
+
+
+def run(a) -> int:
+    out = Path(a.out)
+    t0 = time.time()
+    llama_bench = build(out)
+    models = []
+    for spec in a.models.split(","):
+        shape, wtype = spec.split(":")
+        path = WORK / "models" / f"qwen3.5-{shape}-{wtype}.gguf"
+        if not path.is_file():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            sh(["pyqwen", "synth", "--shape", shape, "--type", wtype, "-o", str(path)], out / "synth.log")
+        models.append((f"qwen3.5-{shape}", wtype, path))
+    log(f"models ready ({time.time() - t0:.0f} s)")
+
+    gpu, driver = gpu_info()
+    date = datetime.date.today().isoformat()
+    rows = []
+    for model, wtype, path in models:
+        for tests, is_mem in ((a.tests, False), (MEM_TEST, True)):
+            flags = ["-m", str(path), "-ngl", "99", "-fa", "1", *shlex.split(tests), "-o", "jsonl"]
+            ours, our_mib = bench(["pyqwen-bench", *flags], out / "pyqwen-bench.log")
+            theirs, their_mib = bench([str(llama_bench), *flags], out / "llama-bench.log")
+            by_key = {(test_name(r), r["type_k"], r["type_v"]): r for r in theirs}
+            for r in ours:
+                key = (test_name(r), r["type_k"], r["type_v"])
+                up = by_key.get(key)
+                row = {"date": date, "gpu": gpu, "driver": driver, "commit": a.commit, "model": model,
+                       "wtype": wtype, "test": key[0], "ctk": key[1], "ctv": key[2], "mtp": r["mtp"],
+                       "pyqwen_tps": round(r["avg_ts"], 2), "pyqwen_tps_sd": round(r["stddev_ts"], 2),
+                       "upstream_tps": round(up["avg_ts"], 2) if up else None,
+                       "upstream_tps_sd": round(up["stddev_ts"], 2) if up else None,
+                       "ratio": round(r["avg_ts"] / up["avg_ts"], 3) if up else None,
+                       "pyqwen_host_us_per_token": round(r["host_us_per_token"], 1),
+                       "command": f"pyqwen-bench / llama-bench {shlex.join(flags[:1] + [path.name] + flags[2:])}"}
+                if is_mem:
+                    row.update(pyqwen_gpu_mib=our_mib, upstream_gpu_mib=their_mib, n_ctx=32768)
+                rows.append(row)
+                log(f"{model} {wtype} {key[0]}: pyqwen {row['pyqwen_tps']} t/s, upstream {row['upstream_tps']} t/s")
+    with open(out / "side_by_side.jsonl", "w") as f:
+        for row in rows:
+            f.write(json.dumps(row) + "\n")
+    (out / "side_by_side.md").write_text(markdown(rows))
+    print(markdown(rows))
+    log(f"done ({time.time() - t0:.0f} s)")
+    return 0
+
+
+def markdown(rows: list[dict]) -> str:
+    r0 = rows[0]
+    lines = [f"### {r0['date']} side by side: {r0['gpu']} (driver {r0['driver']}), commit {r0['commit']}", "",
+             f"Command: `python3 bench/side_by_side.py run` ({r0['command'].split(' / ')[0]} and llama-bench with "
+             "the same flags: -ngl 99 -fa 1, tests as listed; GPU MiB = peak nvidia-smi memory.used above idle).", "",
+             "| model | wtype | test | ctk/ctv | pyqwen t/s | upstream t/s | ratio | host us/tok | GPU MiB pyqwen / upstream |",
+             "|---|---|---|---|---:|---:|---:|---:|---|"]
+    for r in rows:
+        mem = f"{r['pyqwen_gpu_mib']} / {r['upstream_gpu_mib']} (n_ctx {r['n_ctx']})" if "n_ctx" in r else ""
+        up = f"{r['upstream_tps']:.1f} ± {r['upstream_tps_sd']:.1f}" if r["upstream_tps"] is not None else "n/a"
+        ratio = f"{r['ratio']:.2f}x" if r["ratio"] is not None else "n/a"
+        lines.append(f"| {r['model']} | {r['wtype']} | {r['test']} | {r['ctk']}/{r['ctv']} | "
+                     f"{r['pyqwen_tps']:.1f} ± {r['pyqwen_tps_sd']:.1f} | {up} | {ratio} | "
+                     f"{r['pyqwen_host_us_per_token']} | {mem} |")
+    return "\n".join(lines) + "\n"
+
+
+def record(a) -> int:
+    src = Path(a.dir)
+    rows = (src / "side_by_side.jsonl").read_text()
+    with open(ROOT / "bench" / "results.jsonl", "a") as f:
+        f.write(rows)
+    with open(ROOT / "bench" / "RESULTS.md", "a") as f:
+        f.write("\n" + (src / "side_by_side.md").read_text())
+    print(f"appended {len(rows.splitlines())} rows to bench/results.jsonl and bench/RESULTS.md")
+    return 0
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    sub.add_parser("pack")
+    b = sub.add_parser("build")
+    b.add_argument("--out", required=True, help="where the build logs go")
+    r = sub.add_parser("run")
+    r.add_argument("--commit", required=True, help="the commit being measured (the GPU machine has no .git)")
+    r.add_argument("--out", required=True)
+    r.add_argument("--models", default=DEFAULT_MODELS, help="shape:type list for `pyqwen synth`")
+    r.add_argument("--tests", default=DEFAULT_TESTS, help="flags given to both benches")
+    rec = sub.add_parser("record")
+    rec.add_argument("dir")
+    a = ap.parse_args()
+    return {"pack": pack, "build": lambda: build(Path(a.out)) and 0, "run": lambda: run(a),
+            "record": lambda: record(a)}[a.cmd]()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
