@@ -1,4 +1,4 @@
-/* Inference state (KV cache, conv and recurrent states), the per-shape graph cache, evaluation. */
+/* Inference state (KV cache, conv and recurrent states), the current graph, evaluation. */
 #include "pq-internal.h"
 
 #include <math.h>
@@ -49,34 +49,22 @@ static void free_graph(struct pq_graph * g) {
     memset(g, 0, sizeof(*g));
 }
 
-/* Returns the cached graph for this shape, building it (and evicting the least recently used
- * one) when needed. */
-static struct pq_graph * get_graph(struct pq_ctx * ctx, int32_t n_tokens, int32_t n_kv, int32_t out_mode, int * index) {
-    int victim = 0;
-    for (int i = 0; i < PQ_MAX_GRAPHS; ++i) {
-        struct pq_graph * g = &ctx->graphs[i];
-        if (g->ctx && g->n_tokens == n_tokens && g->n_kv == n_kv && g->out_mode == out_mode) {
-            g->last_used = ++ctx->tick;
-            *index = i;
-            return g;
-        }
-        if (!g->ctx) victim = i;
-        else if (ctx->graphs[victim].ctx && g->last_used < ctx->graphs[victim].last_used) victim = i;
-    }
-    struct pq_graph * g = &ctx->graphs[victim];
+/* The graph for this shape, allocated and ready to run: the current one when the shape is the
+ * same, else a new one (see struct pq_ctx). */
+static struct pq_graph * get_graph(struct pq_ctx * ctx, int32_t n_tokens, int32_t n_kv, int32_t out_mode) {
+    struct pq_graph * g = &ctx->graph;
+    if (g->ctx && g->n_tokens == n_tokens && g->n_kv == n_kv && g->out_mode == out_mode) return g;
     free_graph(g);
-    if (ctx->active_graph == victim) ctx->active_graph = -1;
     g->n_tokens = n_tokens;
     g->n_kv = n_kv;
     g->out_mode = out_mode;
-    g->last_used = ++ctx->tick;
     g->gf = pq_build_graph(ctx, g);
-    if (!g->gf) {
+    ggml_backend_sched_reset(ctx->sched);
+    if (!g->gf || !ggml_backend_sched_alloc_graph(ctx->sched, g->gf)) {
         free_graph(g);
-        pq_fail("could not build the compute graph");
+        pq_fail("could not build and allocate the compute graph");
         return NULL;
     }
-    *index = victim;
     return g;
 }
 
@@ -97,7 +85,6 @@ int pq_ctx_new(pq_model * model, const pq_ctx_params * params, pq_ctx ** out) {
     if (!ctx) return pq_fail("out of memory");
     ctx->model = model;
     ctx->params = *params;
-    ctx->active_graph = -1;
     const int32_t nb = params->n_batch < params->n_ctx ? params->n_batch : params->n_ctx;
     ctx->params.n_batch = nb;
     ctx->mask_buf = malloc(sizeof(uint16_t) * (size_t) kv_span(ctx, params->n_ctx) * nb);
@@ -113,9 +100,14 @@ int pq_ctx_new(pq_model * model, const pq_ctx_params * params, pq_ctx ** out) {
     if (!ctx->sched) { pq_fail("could not create the scheduler"); goto fail; }
 
     /* Reserve compute buffers for the largest pass up front, so memory use is known now. */
-    int gi;
-    struct pq_graph * g = get_graph(ctx, nb, kv_span(ctx, params->n_ctx), PQ_OUT_ALL, &gi);
-    if (!g || !ggml_backend_sched_reserve(ctx->sched, g->gf)) { pq_fail("could not reserve compute buffers (out of memory?)"); goto fail; }
+    struct pq_graph * g = &ctx->graph;
+    g->n_tokens = nb;
+    g->n_kv = kv_span(ctx, params->n_ctx);
+    g->out_mode = PQ_OUT_ALL;
+    g->gf = pq_build_graph(ctx, g);
+    const bool reserved = g->gf && ggml_backend_sched_reserve(ctx->sched, g->gf);
+    free_graph(g);  /* reserving split it: it cannot be allocated again */
+    if (!reserved) { pq_fail("could not reserve compute buffers (out of memory?)"); goto fail; }
     pq_ctx_reset(ctx);
     *out = ctx;
     return 0;
@@ -126,7 +118,7 @@ fail:
 
 void pq_ctx_free(pq_ctx * ctx) {
     if (!ctx) return;
-    for (int i = 0; i < PQ_MAX_GRAPHS; ++i) free_graph(&ctx->graphs[i]);
+    free_graph(&ctx->graph);
     if (ctx->sched) ggml_backend_sched_free(ctx->sched);
     if (ctx->buf_state_cpu) ggml_backend_buffer_free(ctx->buf_state_cpu);
     if (ctx->buf_state_gpu) ggml_backend_buffer_free(ctx->buf_state_gpu);
@@ -157,14 +149,8 @@ static int run_pass(struct pq_ctx * ctx, const int32_t * tokens, int32_t n, int3
     const int64_t t_start = ggml_time_us();
     const int32_t n_past = ctx->n_past;
     const int32_t n_kv = kv_span(ctx, n_past + n);
-    int gi;
-    struct pq_graph * g = get_graph(ctx, n, n_kv, out_mode, &gi);
+    struct pq_graph * g = get_graph(ctx, n, n_kv, out_mode);
     if (!g) return -1;
-    if (ctx->active_graph != gi) {
-        ggml_backend_sched_reset(ctx->sched);
-        if (!ggml_backend_sched_alloc_graph(ctx->sched, g->gf)) return pq_fail("could not allocate the compute graph");
-        ctx->active_graph = gi;
-    }
     const ggml_fp16_t zero = ggml_fp32_to_fp16(0.0f), ninf = ggml_fp32_to_fp16(-INFINITY);
     for (int32_t i = 0; i < n; ++i) {
         ctx->pos_buf[i] = n_past + i;

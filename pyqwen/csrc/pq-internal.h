@@ -14,7 +14,6 @@
 #include <stdbool.h>
 
 #define PQ_MAX_LAYERS 256
-#define PQ_MAX_GRAPHS 8          /* graphs kept built, one per shape */
 #define PQ_KV_PAD     256        /* attention spans the cache in steps of this many cells */
 #define PQ_HISTORY    256        /* most previous tokens the in-graph repetition penalty sees */
 
@@ -106,12 +105,11 @@ enum pq_out_mode {
     PQ_OUT_SAMPLE = 3,           /* token drawn by the in-graph sampler (ggml_pyqwen_sample) */
 };
 
-/* One built graph for a given shape (tokens per pass, attended cache cells, logits wanted). */
+/* The graph for one shape (tokens per pass, attended cache cells, logits wanted). */
 struct pq_graph {
     int32_t n_tokens;
     int32_t n_kv;
     int32_t out_mode;            /* PQ_OUT_* */
-    uint64_t last_used;
     struct ggml_context * ctx;
     struct ggml_cgraph  * gf;
     struct ggml_tensor  * inp_tokens;   /* I32 [n_tokens] */
@@ -138,10 +136,12 @@ struct pq_ctx {
     ggml_backend_buffer_t buf_state_cpu;
     ggml_backend_buffer_t buf_state_gpu;
 
+    /* The scheduler and the one graph it is allocated for. Splitting a graph across backends
+     * rewires its nodes to per-split input copies that the next ggml_backend_sched_reset frees,
+     * so a graph is never allocated twice: a new shape builds a new graph (as llama.cpp does),
+     * while the same shape replays the allocated one with new inputs. */
     ggml_backend_sched_t sched;
-    struct pq_graph graphs[PQ_MAX_GRAPHS];
-    uint64_t tick;
-    int32_t  active_graph;   /* index the scheduler is allocated for, or -1 */
+    struct pq_graph graph;
 
     pq_ctx_timings timings;
 
