@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import signal
 import sys
 from pathlib import Path
 
-from .core import CONVERTER_VERSION, convert, install_sigterm_handler
+from .core import CONVERTER_VERSION, convert, run_command
 from .errors import ConversionError
 from .plan import OUTTYPES
 
@@ -39,19 +38,11 @@ def main(argv: list[str] | None = None) -> int:
     def note(msg: str) -> None:
         print(f"{PROG}: note: {msg}", file=sys.stderr)
 
-    prev = install_sigterm_handler()
-    try:
-        res = convert(args.src_dir, args.outfile, outtype=args.outtype, mtp=args.mtp,
-                      progress=not args.quiet, log=None if args.quiet else note)
-    except ConversionError as e:
-        print(f"{PROG}: error: {e}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        print(f"{PROG}: interrupted, no output written", file=sys.stderr)
-        return 130
-    finally:
-        if prev is not None:
-            signal.signal(signal.SIGTERM, prev)
+    rc, res = run_command(PROG, lambda: convert(args.src_dir, args.outfile, outtype=args.outtype, mtp=args.mtp,
+                                                progress=not args.quiet, log=None if args.quiet else note),
+                          (ConversionError,))
+    if rc:
+        return rc
     if not args.quiet:
         mib = res.nbytes / (1 << 20)
         mtp = f", MTP layers {res.n_mtp}" if res.n_mtp else ""

