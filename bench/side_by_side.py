@@ -33,10 +33,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 CARRY = ROOT / ".devcarry" / "upstream.tar.xz"
 WORK = Path("/tmp/side_by_side")
-DEFAULT_MODELS = "9b:q4_0,9b:q4_k"
+DEFAULT_MODELS = "9b:q4_0,9b:q4_k"  # written with their MTP block, like the anchor's model
 DEFAULT_TESTS = "-p 512 -n 128 -d 0,8192 -r 3"
 MEM_TEST = "-p 0 -n 128 -d 32640 -r 1"  # n_ctx = 32768 on both sides
 CUDA_ARCH = "90"
+GPU = "0"  # both benches see this one GPU only, on machines with several
 
 
 def log(msg: str) -> None:
@@ -109,7 +110,7 @@ class GpuMemory:
 
     @staticmethod
     def used() -> int:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
+        out = subprocess.run(["nvidia-smi", f"--id={GPU}", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
                              capture_output=True, text=True, check=True).stdout
         return int(out.split()[0])
 
@@ -134,7 +135,8 @@ def bench(cmd: list[str], logfile: Path) -> tuple[list[dict], int]:
     """Runs one bench with -o jsonl; its records and the peak GPU MiB."""
     log(" ".join(cmd))
     with GpuMemory() as mem, open(logfile, "ab") as err:
-        proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=err, text=True)
+        proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=err, text=True,
+                              env={**os.environ, "CUDA_VISIBLE_DEVICES": GPU})
     if proc.returncode != 0:
         sys.exit(f"side_by_side: {cmd[0]} failed (exit {proc.returncode}); see {logfile}")
     return [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")], mem.mib
@@ -147,7 +149,7 @@ def test_name(r: dict) -> str:
 
 
 def gpu_info() -> tuple[str, str]:
-    out = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
+    out = subprocess.run(["nvidia-smi", f"--id={GPU}", "--query-gpu=name,driver_version", "--format=csv,noheader"],
                          capture_output=True, text=True, check=True).stdout.strip().splitlines()[0]
     name, driver = (s.strip() for s in out.split(","))
     return name, driver
@@ -175,10 +177,10 @@ def run(a) -> int:
     models = []
     for spec in a.models.split(","):
         shape, wtype = spec.split(":")
-        path = WORK / "models" / f"qwen3.5-{shape}-{wtype}.gguf"
+        path = WORK / "models" / f"qwen3.5-{shape}-{wtype}-mtp.gguf"
         if not path.is_file():
             path.parent.mkdir(parents=True, exist_ok=True)
-            sh(["pyqwen", "synth", "--shape", shape, "--type", wtype, "-o", str(path)], out / "synth.log")
+            sh(["pyqwen", "synth", "--shape", shape, "--type", wtype, "--mtp", "-q", "-o", str(path)], out / "synth.log")
         models.append((f"qwen3.5-{shape}", wtype, path))
     log(f"models ready ({time.time() - t0:.0f} s)")
 

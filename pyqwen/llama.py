@@ -11,6 +11,7 @@ import numpy as np
 
 from ._native import ContextOverflowError, ModelLoadError, NativeContext, NativeModel, Sampling
 from .chat import render_chat
+from .gguf_header import read_header
 from .tokenizer import Tokenizer
 
 _METADATA_PREFIXES = ("tokenizer.", "general.")
@@ -18,12 +19,9 @@ _METADATA_PREFIXES = ("tokenizer.", "general.")
 
 def read_metadata(path: str) -> dict[str, Any]:
     """Tokenizer and general metadata of a GGUF file, as plain Python values."""
-    import gguf  # deferred: only needed at load time
-
     try:
-        reader = gguf.GGUFReader(path, "r")
-        return {k: f.contents() for k, f in reader.fields.items() if k.startswith(_METADATA_PREFIXES)}
-    except Exception as e:  # the gguf reader raises many kinds of errors on damaged files
+        return read_header(path, _METADATA_PREFIXES).metadata
+    except (OSError, ValueError) as e:
         raise ModelLoadError(f"cannot read the metadata of {path}: {e}") from e
 
 
