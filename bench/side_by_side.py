@@ -6,7 +6,7 @@
   side_by_side.py build --out D           (on the GPU machine) build both, in parallel, under /tmp
                                           (an earlier upstream build from the same tarball is reused)
   side_by_side.py run --commit C --out D  (on the GPU machine) build, write the synthetic models,
-                                          run both benches, write D/side_by_side.{jsonl,md} and logs
+                                          run both benches, write D/side_by_side.jsonl and logs
   side_by_side.py record D                (here) append D's rows to bench/results.jsonl and
                                           bench/RESULTS.md
 
@@ -180,7 +180,7 @@ def run(a) -> int:
         path = WORK / "models" / f"qwen3.5-{shape}-{wtype}-mtp.gguf"
         if not path.is_file():
             path.parent.mkdir(parents=True, exist_ok=True)
-            sh(["pyqwen", "synth", "--shape", shape, "--type", wtype, "--mtp", "-q", "-o", str(path)], out / "synth.log")
+            sh(["pyqwen", "synth", "--shape", shape, "--type", wtype, "--mtp", "-q", "-o", str(path)], out / "bench.log")
         models.append((f"qwen3.5-{shape}", wtype, path))
     log(f"models ready ({time.time() - t0:.0f} s)")
 
@@ -190,8 +190,8 @@ def run(a) -> int:
     for model, wtype, path in models:
         for tests, is_mem in ((a.tests, False), (MEM_TEST, True)):
             flags = ["-m", str(path), "-ngl", "99", "-fa", "1", *shlex.split(tests), "-o", "jsonl"]
-            ours, our_mib = bench(["pyqwen-bench", *flags], out / "pyqwen-bench.log")
-            theirs, their_mib = bench([str(llama_bench), *flags], out / "llama-bench.log")
+            ours, our_mib = bench(["pyqwen-bench", *flags], out / "bench.log")
+            theirs, their_mib = bench([str(llama_bench), *flags], out / "bench.log")
             by_key = {(test_name(r), r["type_k"], r["type_v"]): r for r in theirs}
             for r in ours:
                 key = (test_name(r), r["type_k"], r["type_v"])
@@ -211,7 +211,6 @@ def run(a) -> int:
     with open(out / "side_by_side.jsonl", "w") as f:
         for row in rows:
             f.write(json.dumps(row) + "\n")
-    (out / "side_by_side.md").write_text(markdown(rows))
     print(markdown(rows))
     log(f"done ({time.time() - t0:.0f} s)")
     return 0
@@ -235,13 +234,13 @@ def markdown(rows: list[dict]) -> str:
 
 
 def record(a) -> int:
-    src = Path(a.dir)
-    rows = (src / "side_by_side.jsonl").read_text()
+    text = (Path(a.dir) / "side_by_side.jsonl").read_text()
+    rows = [json.loads(line) for line in text.splitlines()]
     with open(ROOT / "bench" / "results.jsonl", "a") as f:
-        f.write(rows)
+        f.write(text)
     with open(ROOT / "bench" / "RESULTS.md", "a") as f:
-        f.write("\n" + (src / "side_by_side.md").read_text())
-    print(f"appended {len(rows.splitlines())} rows to bench/results.jsonl and bench/RESULTS.md")
+        f.write("\n" + markdown(rows))
+    print(f"appended {len(rows)} rows to bench/results.jsonl and bench/RESULTS.md")
     return 0
 
 

@@ -9,10 +9,18 @@ static bool cache_type_ok(int32_t t) {
     return t == PQ_CACHE_F32 || t == PQ_CACHE_F16 || t == PQ_CACHE_Q8_0 || t == PQ_CACHE_Q4_0;
 }
 
+/* Cache cells attended when the context holds n_end tokens: whole blocks of PQ_KV_PAD cells, as
+ * ggml's flash attention takes its fast paths (GQA packing, vector kernel) only on spans that
+ * are a multiple of 256. The cache itself is padded to whole blocks; cells past n_ctx are never
+ * written and always masked. */
+static int32_t kv_span(int32_t n_end) {
+    return (n_end + PQ_KV_PAD - 1) / PQ_KV_PAD * PQ_KV_PAD;
+}
+
 static int alloc_state(struct pq_ctx * ctx) {
     const struct pq_model * m = ctx->model;
     const struct pq_hparams * hp = &m->hp;
-    const int64_t n_ctx = ctx->params.n_ctx;
+    const int64_t n_ctx = ctx->params.n_ctx, n_cells = kv_span(ctx->params.n_ctx);
     struct ggml_init_params ip = { .mem_size = (size_t) (4 * hp->n_layer + 1) * ggml_tensor_overhead(), .mem_buffer = NULL, .no_alloc = true };
     ctx->ctx_state_cpu = ggml_init(ip);
     if (m->backend_gpu) ctx->ctx_state_gpu = ggml_init(ip);
@@ -23,8 +31,8 @@ static int alloc_state(struct pq_ctx * ctx) {
             ctx->ssm_state[il] = ggml_new_tensor_4d(c, GGML_TYPE_F32, hp->ssm_d_state, hp->ssm_d_state, hp->ssm_n_v_heads, 1);
         } else {
             const int64_t row = (int64_t) hp->head_dim * hp->n_head_kv;
-            ctx->k_cache[il] = ggml_new_tensor_2d(c, (enum ggml_type) ctx->params.type_k, row, n_ctx);
-            ctx->v_cache[il] = ggml_new_tensor_2d(c, (enum ggml_type) ctx->params.type_v, row, n_ctx);
+            ctx->k_cache[il] = ggml_new_tensor_2d(c, (enum ggml_type) ctx->params.type_k, row, n_cells);
+            ctx->v_cache[il] = ggml_new_tensor_2d(c, (enum ggml_type) ctx->params.type_v, row, n_cells);
         }
     }
     ctx->buf_state_cpu = ggml_backend_alloc_ctx_tensors_from_buft(ctx->ctx_state_cpu, ggml_backend_get_default_buffer_type(m->backend_cpu));
@@ -68,11 +76,6 @@ static struct pq_graph * get_graph(struct pq_ctx * ctx, int32_t n_tokens, int32_
     return g;
 }
 
-static int32_t kv_span(const struct pq_ctx * ctx, int32_t n_end) {
-    int32_t n = (n_end + PQ_KV_PAD - 1) / PQ_KV_PAD * PQ_KV_PAD;
-    return n < ctx->params.n_ctx ? n : ctx->params.n_ctx;
-}
-
 int pq_ctx_new(pq_model * model, const pq_ctx_params * params, pq_ctx ** out) {
     *out = NULL;
     if (params->n_ctx <= 0) return pq_fail("n_ctx must be positive, got %d", params->n_ctx);
@@ -87,7 +90,7 @@ int pq_ctx_new(pq_model * model, const pq_ctx_params * params, pq_ctx ** out) {
     ctx->params = *params;
     const int32_t nb = params->n_batch < params->n_ctx ? params->n_batch : params->n_ctx;
     ctx->params.n_batch = nb;
-    ctx->mask_buf = malloc(sizeof(uint16_t) * (size_t) kv_span(ctx, params->n_ctx) * nb);
+    ctx->mask_buf = malloc(sizeof(uint16_t) * (size_t) kv_span(params->n_ctx) * nb);
     ctx->pos_buf = malloc(sizeof(int32_t) * nb);
     ctx->idx_buf = malloc(sizeof(int64_t) * nb);
     if (!ctx->mask_buf || !ctx->pos_buf || !ctx->idx_buf || alloc_state(ctx)) goto fail;
@@ -102,7 +105,7 @@ int pq_ctx_new(pq_model * model, const pq_ctx_params * params, pq_ctx ** out) {
     /* Reserve compute buffers for the largest pass up front, so memory use is known now. */
     struct pq_graph * g = &ctx->graph;
     g->n_tokens = nb;
-    g->n_kv = kv_span(ctx, params->n_ctx);
+    g->n_kv = kv_span(params->n_ctx);
     g->out_mode = PQ_OUT_ALL;
     g->gf = pq_build_graph(ctx, g);
     const bool reserved = g->gf && ggml_backend_sched_reserve(ctx->sched, g->gf);
@@ -148,7 +151,7 @@ int64_t pq_ctx_memory_bytes(const pq_ctx * ctx) {
 static int run_pass(struct pq_ctx * ctx, const int32_t * tokens, int32_t n, int32_t out_mode, void * out) {
     const int64_t t_start = ggml_time_us();
     const int32_t n_past = ctx->n_past;
-    const int32_t n_kv = kv_span(ctx, n_past + n);
+    const int32_t n_kv = kv_span(n_past + n);
     struct pq_graph * g = get_graph(ctx, n, n_kv, out_mode);
     if (!g) return -1;
     const ggml_fp16_t zero = ggml_fp32_to_fp16(0.0f), ninf = ggml_fp32_to_fp16(-INFINITY);
