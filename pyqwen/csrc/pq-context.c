@@ -158,8 +158,11 @@ static int run_pass(struct pq_ctx * ctx, const int32_t * tokens, int32_t n, int3
     for (int32_t i = 0; i < n; ++i) {
         ctx->pos_buf[i] = n_past + i;
         ctx->idx_buf[i] = n_past + i;
+        /* causal: row i sees cells 0 ..= n_past + i */
         uint16_t * row = ctx->mask_buf + (size_t) i * n_kv;
-        for (int32_t j = 0; j < n_kv; ++j) row[j] = j <= n_past + i ? zero : ninf;
+        const int32_t seen = n_past + i + 1;
+        for (int32_t j = 0; j < seen; ++j) row[j] = zero;
+        for (int32_t j = seen; j < n_kv; ++j) row[j] = ninf;
     }
     ggml_backend_tensor_set(g->inp_tokens, tokens, 0, sizeof(int32_t) * n);
     ggml_backend_tensor_set(g->inp_pos, ctx->pos_buf, 0, sizeof(int32_t) * n);

@@ -92,7 +92,7 @@ static struct ggml_tensor * attention_block(struct pq_ctx * ctx, struct pq_graph
 }
 
 static struct ggml_tensor * ffn_block(struct ggml_context * c, const struct pq_layer * L, struct ggml_tensor * h) {
-    struct ggml_tensor * act = ggml_mul(c, ggml_silu(c, ggml_mul_mat(c, L->ffn_gate, h)), ggml_mul_mat(c, L->ffn_up, h));
+    struct ggml_tensor * act = ggml_swiglu_split(c, ggml_mul_mat(c, L->ffn_gate, h), ggml_mul_mat(c, L->ffn_up, h));
     return ggml_mul_mat(c, L->ffn_down, act);
 }
 
