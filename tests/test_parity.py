@@ -111,3 +111,14 @@ def test_f16_cache_close(pair):
     ref = hf_logits(hf, prompt)
     with Llama(path, n_ctx=256) as llm:
         assert rel_err(llm.logits(prompt), ref) <= max(5e-3, LOGIT_BOUND)
+
+
+@pytest.mark.skipif(not ON_GPU, reason="partial offload needs a GPU build and PYQWEN_TEST_NGL")
+@pytest.mark.parametrize("n_gpu_layers", [1, 2])
+def test_partial_offload(pair, n_gpu_layers):
+    """The last n layers on the GPU, the rest and the output head on the CPU, still match."""
+    name, hf, path, prompt = pair
+    ref = hf_logits(hf, prompt)
+    with Llama(path, n_ctx=256, n_gpu_layers=n_gpu_layers, type_k="f32", type_v="f32") as llm:
+        assert llm.info.n_gpu_layers == n_gpu_layers
+        assert rel_err(llm.logits(prompt), ref) <= LOGIT_BOUND
