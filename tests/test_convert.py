@@ -8,7 +8,6 @@ transforms are re-implemented with plain numpy (explicit head permutations).
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -24,31 +23,12 @@ from gguf import quants  # noqa: E402
 
 from tiny_models import make_tiny_qwen35, read_tensors  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
 
-try:
-    import pyqwen.convert as conv
-    from pyqwen.convert import layouts as conv_layouts
-    from pyqwen.convert import plan as conv_plan
-    from pyqwen.convert.__main__ import main as convert_main
-    CLI_MODULE = "pyqwen.convert"
-except ImportError:
-    # source checkout without an installed pyqwen: load ROOT/convert as the
-    # package `convert` (without putting ROOT on sys.path, which would shadow
-    # an installed pyqwen for the other test modules)
-    import importlib.util
-
-    if "convert" not in sys.modules:
-        _spec = importlib.util.spec_from_file_location(
-            "convert", ROOT / "convert" / "__init__.py", submodule_search_locations=[str(ROOT / "convert")])
-        _mod = importlib.util.module_from_spec(_spec)
-        sys.modules["convert"] = _mod
-        _spec.loader.exec_module(_mod)
-    import convert as conv
-    from convert import layouts as conv_layouts
-    from convert import plan as conv_plan
-    from convert.__main__ import main as convert_main
-    CLI_MODULE = "convert"
+import pyqwen.convert as conv  # noqa: E402
+from pyqwen.convert import encode as conv_encode  # noqa: E402
+from pyqwen.convert import layouts as conv_layouts  # noqa: E402
+from pyqwen.convert import plan as conv_plan  # noqa: E402
+from pyqwen.convert.__main__ import main as convert_main  # noqa: E402
 
 ConversionError = conv.ConversionError
 convert = conv.convert
@@ -535,7 +515,7 @@ def test_interrupt_leaves_no_partial_output(models, tmp_path, monkeypatch):
     out = tmp_path / "model.gguf"
     out.write_bytes(b"previous")
     calls = {"n": 0}
-    real = conv_plan._encode
+    real = conv_encode.quantize
 
     def boom(a, qtype):
         calls["n"] += 1
@@ -543,7 +523,7 @@ def test_interrupt_leaves_no_partial_output(models, tmp_path, monkeypatch):
             raise KeyboardInterrupt
         return real(a, qtype)
 
-    monkeypatch.setattr(conv_plan, "_encode", boom)
+    monkeypatch.setattr(conv_encode, "quantize", boom)
     with pytest.raises(KeyboardInterrupt):
         convert(models["mtp"], out, outtype="f16")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model.gguf"]
@@ -693,11 +673,8 @@ def test_cli(models, tmp_path, capsys):
 def test_cli_subprocess_error(models, tmp_path):
     d = _copy(models, tmp_path)
     _bad_arch(d)
-    env = dict(os.environ)
-    if CLI_MODULE == "convert":  # run the source tree's package
-        env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
-    p = subprocess.run([sys.executable, "-m", CLI_MODULE, str(d), "-o", str(tmp_path / "x.gguf")],
-                       capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
+    p = subprocess.run([sys.executable, "-m", "pyqwen.convert", str(d), "-o", str(tmp_path / "x.gguf")],
+                       capture_output=True, text=True, cwd=tmp_path, timeout=120)
     assert p.returncode == 1
     assert p.stderr.startswith("pyqwen-convert: error: unknown architecture 'LlamaForCausalLM'")
     assert "Traceback" not in p.stderr
