@@ -40,6 +40,7 @@ class Spec:
     scale_dtype: torch.dtype = torch.bfloat16
     mlp_bits: int | None = None  # compressed-tensors mixed precision: the MLP in a second group
     ignore: tuple[str, ...] = field(default=())  # modules left float (and listed in `ignore`)
+    only: str | None = None  # regex: quantize only the matching linears (e.g. the routed experts)
 
 
 def _quantize_groups(w: np.ndarray, bits: int, group: int, sym: bool, g_idx: np.ndarray, scale_dtype):
@@ -189,7 +190,8 @@ def quantize_checkpoint(src_dir: Path, dst_dir: Path, spec: Spec, seed: int = 0)
     stored: dict[str, torch.Tensor] = {}
     reference: dict[str, np.ndarray] = {}
     for name, w in sorted(weights.items()):
-        if QUANTIZED.match(name) and not any(name.startswith(i + ".") for i in spec.ignore):
+        if QUANTIZED.match(name) and not any(name.startswith(i + ".") for i in spec.ignore) \
+                and (spec.only is None or re.match(spec.only, name)):
             tensors, deq = _quantize_linear(name, w, spec, rng)
             stored.update(tensors)
             reference[name] = deq

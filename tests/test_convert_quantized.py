@@ -23,6 +23,7 @@ from pyqwen.convert import REPORT_KEYS, ConversionError, convert
 from pyqwen.convert.__main__ import main as convert_main
 from quant_checkpoints import Spec, quantize_checkpoint, write_float_checkpoint
 from tiny_models import make_tiny_qwen35
+from upstream import upstream_llama  # noqa: F401  (session fixture)
 
 # every K a multiple of 256 (K-quants), v heads of 64 columns (whole 32-blocks after the V reorder)
 QCONFIG = dict(hidden_size=256, intermediate_size=512, num_attention_heads=4, num_key_value_heads=2, head_dim=64,
@@ -254,3 +255,21 @@ def test_bad_quantized_input(float_model, tmp_path_factory, tmp_path, case):
     assert list(out.iterdir()) == []
     assert convert_main([str(d), "-o", str(out / "x.gguf"), "-q"]) == 1
     assert list(out.iterdir()) == []
+
+
+# --- upstream llama.cpp loads what pyqwen-convert writes ------------------------------------------
+
+@pytest.mark.parametrize("key", sorted(LAYOUTS))
+def test_upstream_loads_auto_output(float_model, tmp_path_factory, upstream_llama, key):  # noqa: F811
+    path = built(float_model, tmp_path_factory, key)[2]
+    res = upstream_llama.run(path, [1, 2, 3, 4], n_predict=2)
+    assert res.ok, res.stderr[-2000:]
+    assert np.isfinite(res.logits).all()
+
+
+@pytest.mark.parametrize("outtype", ["q4_0", "q4_k", "q6_k", "f16", "bf16"])
+def test_upstream_loads_requantized(float_model, tmp_path_factory, upstream_llama, outtype):  # noqa: F811
+    d = built(float_model, tmp_path_factory, "ct-w4a8-int")[0]
+    path = convert(d, d.parent / f"up-{outtype}.gguf", outtype=outtype).path
+    res = upstream_llama.run(path, [1, 2, 3, 4], n_predict=2)
+    assert res.ok, res.stderr[-2000:]
