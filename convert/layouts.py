@@ -100,14 +100,13 @@ def native_source(name: str, shape: tuple[int, ...], refs: tuple[TensorRef, ...]
 
 @dataclass(frozen=True)
 class _Stacked:
+    """Native of stacked quantized parts; rows of the stack are whole parts, and `permute`
+    acts on each part (the architecture stacks only weights it does not rearrange)."""
+
     parts: tuple[SourceTensor, ...]
 
     def auto_type(self) -> int:
-        types = {p.native.auto_type() if p.native else None for p in self.parts}
-        if len(types) != 1:
-            raise ConversionError(f"{self.parts[0].name} ...: the stacked tensors are stored in different formats "
-                                  f"({', '.join(sorted({p.describe() for p in self.parts}))})")
-        return types.pop()
+        return self.parts[0].native.auto_type()
 
     def describe(self) -> str:
         return f"{self.parts[0].describe()} x{len(self.parts)}"
@@ -133,11 +132,12 @@ def stack_sources(name: str, parts: list[SourceTensor]) -> SourceTensor:
         r0, r1 = rows or (0, len(parts))
         return np.stack([p.load() for p in parts[r0:r1]])
 
-    native = _Stacked(tuple(parts)) if any(p.native for p in parts) else None
-    if native is not None and not all(p.native for p in parts):
-        raise ConversionError(f"cannot stack {parts[0].name} ... {parts[-1].name}: some are quantized, some not")
-    dtypes = {p.dtype for p in parts}
-    return SourceTensor(name, (len(parts), *parts[0].shape), dtypes.pop() if len(dtypes) == 1 else "mixed",
+    formats = {p.describe() for p in parts}
+    if len(formats) != 1:
+        raise ConversionError(f"cannot stack {parts[0].name} ... {parts[-1].name}: they are stored in different "
+                              f"formats ({', '.join(sorted(formats))})")
+    native = _Stacked(tuple(parts)) if parts[0].native is not None else None
+    return SourceTensor(name, (len(parts), *parts[0].shape), parts[0].dtype,
                         tuple(r for p in parts for r in p.refs), load=load, native=native)
 
 

@@ -70,7 +70,7 @@ def decide_type(gguf_name: str, shape: tuple[int, ...], outtype: str, src: Sourc
             qtype = _HEAD_TYPE[outtype]
     wanted = qtype
     while shape[-1] % encode.block_size(qtype):
-        qtype = _ROW_FALLBACK.get(QT(qtype), QT.F16) if qtype in list(QT) else QT.F16
+        qtype = _ROW_FALLBACK.get(qtype, QT.F16)
     if qtype != wanted:
         note = (f"{gguf_name}: row length {shape[-1]} is not a multiple of {encode.block_size(wanted)} "
                 f"({encode.type_name(wanted)}), falling back to {encode.type_name(qtype)}")
@@ -109,9 +109,12 @@ class Report:
         return self.max_error == 0.0
 
     def add(self, ref: np.ndarray, written: np.ndarray) -> None:
-        diff = np.abs(written.astype(np.float64) - ref.astype(np.float64))
+        # float32 differences of float32 values are 0 exactly when the values are equal
+        diff = (written.astype(np.float32, copy=False) - ref.astype(np.float32, copy=False)).reshape(-1)
+        np.abs(diff, out=diff)
         self.max_error = max(self.max_error, float(diff.max(initial=0.0)))
-        self.sum_sq += float(np.square(diff).sum())
+        d64 = diff.astype(np.float64)
+        self.sum_sq += float(np.dot(d64, d64))
         self.count += diff.size
 
     def line(self) -> str:

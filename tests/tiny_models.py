@@ -205,6 +205,22 @@ def _to_conditional_generation(d: Path, rng: np.random.Generator, dtype: str) ->
     _save(dict(sorted(renamed.items())), d / "model.safetensors", dtype)
 
 
+def _save_random(model_cls, config, seed: int, dst: Path) -> np.random.Generator:
+    """Instantiate `model_cls(config)`, fill every parameter from a seeded RNG (see
+    _rand_param), save it with the tiny tokenizer; returns the RNG for further tensors."""
+    import torch
+
+    torch.manual_seed(seed)
+    model = model_cls(config).to(torch.float32)
+    rng = np.random.default_rng(seed)
+    with torch.no_grad():
+        for name, p in sorted(model.named_parameters()):
+            p.copy_(torch.from_numpy(_rand_param(rng, name, tuple(p.shape))))
+    model.save_pretrained(str(dst))
+    write_tiny_tokenizer(dst, vocab_size=config.vocab_size)
+    return rng
+
+
 def make_tiny_qwen35(dst_dir, *, seed: int = 0, with_mtp: bool = False, max_shard_size: int | None = None,
                      layout: str = "causal_lm", dtype: str = "float32", **config_overrides) -> Path:
     """Write a tiny random Qwen3.5 checkpoint (+ tiny tokenizer) to `dst_dir`.
@@ -212,7 +228,6 @@ def make_tiny_qwen35(dst_dir, *, seed: int = 0, with_mtp: bool = False, max_shar
     `config_overrides` replace keys of the text config (see TINY_CONFIG), e.g.
     `tie_word_embeddings=True` or `intermediate_size=80`.
     """
-    import torch
     from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
 
     if layout not in ("causal_lm", "conditional_generation"):
@@ -224,15 +239,7 @@ def make_tiny_qwen35(dst_dir, *, seed: int = 0, with_mtp: bool = False, max_shar
         cfg_dict["mtp_num_hidden_layers"] = 1
     config = Qwen3_5TextConfig(**cfg_dict)
     config.architectures = ["Qwen3_5ForCausalLM"]
-
-    torch.manual_seed(seed)
-    model = Qwen3_5ForCausalLM(config).to(torch.float32)
-    rng = np.random.default_rng(seed)
-    with torch.no_grad():
-        for name, p in sorted(model.named_parameters()):
-            p.copy_(torch.from_numpy(_rand_param(rng, name, tuple(p.shape))))
-    model.save_pretrained(str(dst))
-    write_tiny_tokenizer(dst, vocab_size=cfg_dict["vocab_size"])
+    rng = _save_random(Qwen3_5ForCausalLM, config, seed, dst)
 
     need_rewrite = with_mtp or dtype != "float32"
     if need_rewrite:
@@ -263,7 +270,6 @@ def make_tiny_moe(dst_dir, *, variant: str, seed: int = 0, with_mtp: bool = Fals
     `fused_experts` rewrites them the way Qwen3.5-MoE releases store them (`mlp.experts.gate_up_proj`
     [E, 2I, H], `mlp.experts.down_proj` [E, H, I]). `with_mtp` adds an MTP head whose layer is a copy
     of the model's full-attention layer layout (MoE MLP included) with its own random values."""
-    import torch
     from transformers import Qwen3_5MoeForCausalLM, Qwen3_5MoeTextConfig, Qwen3NextConfig, Qwen3NextForCausalLM
 
     config_cls, model_cls = {"qwen35moe": (Qwen3_5MoeTextConfig, Qwen3_5MoeForCausalLM),
@@ -281,14 +287,7 @@ def make_tiny_moe(dst_dir, *, variant: str, seed: int = 0, with_mtp: bool = Fals
         cfg_dict["mtp_num_hidden_layers"] = 1
     config = config_cls(**cfg_dict)
     config.architectures = [model_cls.__name__]
-    torch.manual_seed(seed)
-    model = model_cls(config).to(torch.float32)
-    rng = np.random.default_rng(seed)
-    with torch.no_grad():
-        for name, p in sorted(model.named_parameters()):
-            p.copy_(torch.from_numpy(_rand_param(rng, name, tuple(p.shape))))
-    model.save_pretrained(str(dst))
-    write_tiny_tokenizer(dst, vocab_size=cfg_dict["vocab_size"])
+    rng = _save_random(model_cls, config, seed, dst)
 
     tensors = read_tensors(dst)
     if with_mtp:
