@@ -20,7 +20,7 @@ AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)
 class AWQLayout:
     name = "awq (gemm)"
 
-    def matches(self, q: dict[str, Any] | None) -> bool:
+    def matches(self, q: dict[str, Any] | None, stored: dict[str, TensorRef]) -> bool:
         return bool(q) and q.get("quant_method") == "awq"
 
     def logical_tensors(self, stored: dict[str, TensorRef], q: dict[str, Any]) -> dict[str, SourceTensor]:

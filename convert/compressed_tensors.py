@@ -53,7 +53,7 @@ def _targets_match(targets: list[str], module: str) -> int:
 class CompressedTensorsLayout:
     name = "compressed-tensors (int-quantized, pack-quantized, float-quantized)"
 
-    def matches(self, q: dict[str, Any] | None) -> bool:
+    def matches(self, q: dict[str, Any] | None, stored: dict[str, TensorRef]) -> bool:
         return bool(q) and q.get("quant_method") == "compressed-tensors"
 
     def _group(self, q: dict[str, Any], module: str) -> dict[str, Any]:

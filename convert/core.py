@@ -88,11 +88,11 @@ def plan_model(src_dir: str | Path, outtype: str = "auto", *, mtp: bool = True) 
     if arch is None:
         raise ConversionError(f"unknown architecture {hf_arch!r} in config.json "
                               f"(supported: {', '.join(sorted(ARCHITECTURES))})")
-    layout = select_layout(ckpt.config, (ckpt.src_dir / "hf_quant_config.json").is_file())
     p = arch.params_from_config(ckpt.config, hf_arch)
     notes: list[str] = []
     # vision tower etc. never reach the layout (their dtypes do not matter)
     stored = {n: r for n, r in ckpt.tensors.items() if arch.canonical_name(n) is not None}
+    layout = select_layout(ckpt.config, stored, (ckpt.src_dir / "hf_quant_config.json").is_file())
     qcfg = quantization_config(ckpt.config)
     sources = layout.logical_tensors(stored, qcfg)
     if qcfg is not None and not any(s.native for s in sources.values()):

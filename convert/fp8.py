@@ -75,7 +75,7 @@ def fp8_source(name: str, weight: TensorRef, scale: TensorRef, scheme: str) -> S
 class FP8Layout:
     name = "fp8 (block-scaled F8_E4M3)"
 
-    def matches(self, q: dict[str, Any] | None) -> bool:
+    def matches(self, q: dict[str, Any] | None, stored: dict[str, TensorRef]) -> bool:
         return bool(q) and q.get("quant_method") == "fp8"
 
     def logical_tensors(self, stored: dict[str, TensorRef], q: dict[str, Any]) -> dict[str, SourceTensor]:

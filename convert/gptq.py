@@ -103,7 +103,7 @@ def packed_int_tensors(stored: dict[str, TensorRef], layout: str, make) -> dict[
 class GPTQLayout:
     name = "gptq (v1/v2, desc_act)"
 
-    def matches(self, q: dict[str, Any] | None) -> bool:
+    def matches(self, q: dict[str, Any] | None, stored: dict[str, TensorRef]) -> bool:
         return bool(q) and q.get("quant_method") == "gptq"
 
     def logical_tensors(self, stored: dict[str, TensorRef], q: dict[str, Any]) -> dict[str, SourceTensor]:

@@ -119,7 +119,9 @@ def expand_scale(scale: np.ndarray, shape: tuple[int, ...], rows=None, g_idx: np
         if rows is not None and s.shape[0] > 1:
             s = s[rows[0]:rows[1]]
         s = s[..., np.arange(n) // bn if s.shape[-2] > 1 else np.zeros(n, int), :]
-    cols = g_idx if g_idx is not None else np.arange(k) // -(-k // s.shape[-1])
-    s = s[..., cols]
+    if g_idx is not None:
+        s = s[..., g_idx]
+    elif s.shape[-1] > 1:
+        s = np.repeat(s, -(-k // s.shape[-1]), axis=-1)[..., :k]
     lead = shape[:-2] if rows is None or len(shape) == 2 else (rows[1] - rows[0], *shape[1:-2])
     return np.broadcast_to(s, (*lead, out_rows, k))

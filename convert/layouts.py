@@ -10,9 +10,10 @@ weight name (e.g. `x.qweight` + `x.qzeros` + `x.scales` + `x.g_idx` ->
   every output is measured against;
 - `native` (quantized layouts): a `Native`, the layout's own encoding.
 
-Adding a layout (one module per format, registered in INPUT_LAYOUTS):
-`matches(quant_config)` claims a quantization_config, `logical_tensors(stored,
-config)` returns the SourceTensors (raising ConversionError that names the
+Adding a layout (one module per format, registered in input_layouts(), before
+the float layout): `matches(quant_config, stored)` claims a checkpoint by its
+quantization_config or by its stored tensors (names, dtypes: e.g. per-layer
+format markers), `logical_tensors(stored, quant_config)` returns the SourceTensors (raising ConversionError that names the
 tensor or key for anything it cannot read). Tensors the layout does not
 quantize (ignore lists, norms) stay float via `float_source`.
 
@@ -171,7 +172,7 @@ def select_source(src: SourceTensor, name: str, shape: tuple[int, ...], select: 
 class InputLayout(Protocol):
     name: str
 
-    def matches(self, quant_config: dict[str, Any] | None) -> bool: ...
+    def matches(self, quant_config: dict[str, Any] | None, stored: dict[str, TensorRef]) -> bool: ...
 
     def logical_tensors(self, stored: dict[str, TensorRef], quant_config: dict[str, Any] | None,
                         ) -> dict[str, SourceTensor]: ...
@@ -182,7 +183,7 @@ class FloatLayout:
 
     name = "float"
 
-    def matches(self, quant_config: dict[str, Any] | None) -> bool:
+    def matches(self, quant_config: dict[str, Any] | None, stored: dict[str, TensorRef]) -> bool:
         return quant_config is None
 
     def logical_tensors(self, stored: dict[str, TensorRef], quant_config=None) -> dict[str, SourceTensor]:
@@ -195,7 +196,7 @@ def input_layouts() -> list[InputLayout]:
     from .fp8 import FP8Layout
     from .gptq import GPTQLayout
 
-    return [FloatLayout(), CompressedTensorsLayout(), GPTQLayout(), AWQLayout(), FP8Layout()]
+    return [CompressedTensorsLayout(), GPTQLayout(), AWQLayout(), FP8Layout(), FloatLayout()]
 
 
 def quantization_config(config: dict[str, Any]) -> dict[str, Any] | None:
@@ -207,15 +208,16 @@ def quantization_config(config: dict[str, Any]) -> dict[str, Any] | None:
     return q or None
 
 
-def select_layout(config: dict[str, Any], has_hf_quant_config: bool = False) -> InputLayout:
+def select_layout(config: dict[str, Any], stored: dict[str, TensorRef],
+                  has_hf_quant_config: bool = False) -> InputLayout:
     q = quantization_config(config)
     if q is None and has_hf_quant_config:
         raise ConversionError("unsupported quantization: hf_quant_config.json (ModelOpt) checkpoints are not supported")
     layouts = input_layouts()
     for layout in layouts:
-        if layout.matches(q):
+        if layout.matches(q, stored):
             return layout
     assert q is not None
     desc = ", ".join(f"{k}={q[k]!r}" for k in ("quant_method", "format", "bits", "version", "quant_algo") if k in q)
-    raise ConversionError(f"unsupported quantization_config ({desc or q!r}); supported: float checkpoints, "
-                          + ", ".join(lay.name for lay in layouts[1:]))
+    raise ConversionError(f"unsupported quantization_config ({desc or q!r}); supported: "
+                          + ", ".join(lay.name for lay in layouts))

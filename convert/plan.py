@@ -112,9 +112,10 @@ class Report:
         # float32 differences of float32 values are 0 exactly when the values are equal
         diff = (written.astype(np.float32, copy=False) - ref.astype(np.float32, copy=False)).reshape(-1)
         np.abs(diff, out=diff)
-        self.max_error = max(self.max_error, float(diff.max(initial=0.0)))
-        d64 = diff.astype(np.float64)
-        self.sum_sq += float(np.dot(d64, d64))
+        worst = float(diff.max(initial=0.0))
+        self.max_error = max(self.max_error, worst)
+        if worst > 0:
+            self.sum_sq += float(np.einsum("i,i->", diff, diff, dtype=np.float64))
         self.count += diff.size
 
     def line(self) -> str:
