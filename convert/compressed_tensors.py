@@ -133,7 +133,7 @@ class CompressedTensorsLayout:
                 raise ConversionError(f"tensor {weight_ref.name!r} has dtype {weight_ref.dtype}; "
                                       f"{g['format']} weights are I8")
             shape, dense = weight_ref.shape, None
-        n, k = shape[-2:]
+        k = shape[-1]
         _check_scale_shape(scale, shape, g)
         if zp is not None and g["format"] != "pack-quantized" and zp.shape != scale.shape:
             raise ConversionError(f"tensor {zp.name!r} has shape {list(zp.shape)}, expected {list(scale.shape)} "
@@ -156,9 +156,9 @@ class CompressedTensorsLayout:
             z = read_raw(zp)
             if dense is None:
                 return z.astype(np.int16)
-            zero_shape = (*scale.shape[:-2], scale.shape[-2], scale.shape[-1])
-            zt = np.swapaxes(z, -1, -2)  # packed along dim 0 (rows): unpack columns of the transpose
-            zu = unpack_dense(zt, bits, zero_shape[-2]) if dense else unpack_per_word(zt, bits, zero_shape[-2])
+            rows_n = scale.shape[-2]
+            zt = np.swapaxes(z, -1, -2)  # packed along dim 0 (rows): unpack the columns of the transpose
+            zu = unpack_dense(zt, bits, rows_n) if dense else unpack_per_word(zt, bits, rows_n)
             return np.swapaxes(zu, -1, -2).astype(np.int16)
 
         def codes(rows=None):
@@ -167,12 +167,10 @@ class CompressedTensorsLayout:
                 c = raw.astype(np.int16)
             else:
                 c = (unpack_dense(raw, bits, k) if dense else unpack_per_word(raw, bits, k)).astype(np.int16)
-            cshape = c.shape
             z = zeros()
-            qv = c - (expand_scale(z, shape, rows, g_idx) if isinstance(z, np.ndarray) else np.int16(z))
+            q = c - (expand_scale(z, shape, rows, g_idx) if isinstance(z, np.ndarray) else np.int16(z))
             s = expand_scale(read_float(scale).astype(np.float32), shape, rows, g_idx)
-            assert qv.shape == cshape
-            return qv.astype(np.int16), np.ascontiguousarray(s)
+            return q.astype(np.int16, copy=False), np.ascontiguousarray(s)
 
         fmt = g["format"] if dense is None else f"pack-quantized, {'dense' if dense else 'word'} packing"
         native = IntWeight(bits, zp is None, group, act_order, f"compressed-tensors {fmt}", codes)

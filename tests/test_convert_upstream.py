@@ -147,3 +147,27 @@ def test_upstream_greedy_equals_pyqwen(dense, upstream_llama, outtype):  # noqa:
     # f32: both sit within ~2e-4 of transformers (measured 1.8e-4 between them); q8_0: the two
     # runtimes round activations in different kernels (measured 8.7e-3)
     assert rel_err(ours, res.logits) <= (1e-3 if outtype == "f32" else 5e-2)
+
+
+def test_moe_bad_experts(moe, tmp_path):
+    """A missing expert or a fused tensor of the wrong shape: one error naming the tensor, no output."""
+    import shutil
+
+    from pyqwen.convert import ConversionError
+    from safetensors.torch import load_file, save_file
+
+    variant, experts, fused = moe
+    d = shutil.copytree(experts, tmp_path / "missing")
+    t = load_file(str(d / "model.safetensors"))
+    del t["model.layers.1.mlp.experts.2.up_proj.weight"]
+    save_file(t, str(d / "model.safetensors"), metadata={"format": "pt"})
+    with pytest.raises(ConversionError, match=r"missing tensor 'model\.layers\.1\.mlp\.experts\.2\.up_proj\.weight'"):
+        convert(d, tmp_path / "a.gguf")
+    d = shutil.copytree(fused, tmp_path / "shape")
+    cfg = json.loads((d / "config.json").read_text())
+    cfg["moe_intermediate_size"] = 16
+    (d / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ConversionError, match=r"tensor 'model\.layers\.0\.mlp\.experts\.gate_up_proj' .* has shape "
+                                              r"\[4, 64, 64\], expected \[4, 32, 64\]"):
+        convert(d, tmp_path / "b.gguf")
+    assert not list(tmp_path.glob("*.gguf*"))
