@@ -23,6 +23,8 @@ from .encode import EXACT_CODE_RANGE, int_blocks
 def unpack_dense(words: np.ndarray, bits: int, count: int) -> np.ndarray:
     """Codes packed LSB-first as one bit stream per row (a code may straddle two
     32-bit words): [..., W] int32 -> [..., count] uint8."""
+    if 32 % bits == 0:  # no code straddles a word: the same layout as whole codes per word
+        return unpack_per_word(words, bits, count)
     w = np.ascontiguousarray(words).view(np.uint32)
     n_words = -(-count * bits // 32)
     if w.shape[-1] < n_words:
