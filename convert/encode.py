@@ -6,7 +6,8 @@ pyqwen's native module (pq_quantize / pq_dequantize), so a K-quant written
 here is the one llama-quantize would write (without an importance matrix).
 
 `TYPE_SIZES` maps every ggml type the converter can write to (block size,
-bytes per block); a pyqwen-only type registers itself there.
+bytes per block); a pyqwen-only type registers itself there, and its bytes
+are decoded for the error report by its ggml type traits (pq_dequantize).
 """
 
 from __future__ import annotations
