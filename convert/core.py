@@ -1,10 +1,12 @@
-"""Hugging Face Qwen3.5 checkpoint -> GGUF, streamed tensor by tensor.
+"""Hugging Face Qwen3.5 / Qwen3-Next checkpoint -> GGUF, streamed tensor by tensor.
 
 Steps: read config + shard headers (no tensor data), pick the input layout
 and the architecture, plan every output tensor (name, shape, type) and
 validate shapes against the config, build the GGUF header, then load,
 transform, encode and append one tensor (or row chunk) at a time to
-`OUT.tmp-XXXX`, renamed to OUT only when everything succeeded.
+`OUT.tmp-XXXX`, measuring each against its source; write the per-tensor
+errors into the header's REPORT_KEYS arrays (reserved, then filled in) and
+rename to OUT only when everything succeeded.
 """
 
 from __future__ import annotations
@@ -25,11 +27,15 @@ from gguf import GGUFValueType as VT
 from . import qwen35
 from .checkpoint import Checkpoint, open_checkpoint
 from .errors import ConversionError
-from .layouts import SourceTensor, select_layout
-from .plan import OUTTYPES, TensorPlan, decide_type
+from .layouts import SourceTensor, quantization_config, select_layout
+from .plan import OUTTYPES, Report, TensorPlan, decide_type, file_type
 
-CONVERTER_VERSION = "0.1.0"
+CONVERTER_VERSION = "0.2.0"
 VERSION_KEY = "pyqwen.converter.version"
+# per-tensor report, parallel arrays in file order: GGUF name, source format,
+# max |written - source| and RMS of it (0 = bit-exact); the errors are the file's last two keys
+REPORT_KEYS = ("pyqwen.converter.tensor_names", "pyqwen.converter.tensor_sources",
+               "pyqwen.converter.tensor_max_error", "pyqwen.converter.tensor_rms_error")
 
 # HF architecture name -> architecture module (params_from_config, expected_tensors, ...)
 ARCHITECTURES: dict[str, ModuleType] = {name: qwen35 for name in qwen35.HF_ARCHITECTURES}
@@ -54,6 +60,7 @@ class ConvertResult:
     nbytes: int  # tensor data bytes
     n_mtp: int
     notes: list[str]
+    reports: list[Report]
 
 
 def hf_architecture(config: dict[str, Any]) -> str:
@@ -70,7 +77,7 @@ def _fmt_shape(s) -> str:
     return "[" + ", ".join(str(d) for d in s) + "]"
 
 
-def plan_model(src_dir: str | Path, outtype: str = "f16", *, mtp: bool = True) -> ModelPlan:
+def plan_model(src_dir: str | Path, outtype: str = "auto", *, mtp: bool = True) -> ModelPlan:
     """Everything about the output except tensor data; raises ConversionError
     for any problem found in config.json or the shard headers."""
     if outtype not in OUTTYPES:
@@ -81,12 +88,16 @@ def plan_model(src_dir: str | Path, outtype: str = "f16", *, mtp: bool = True) -
     if arch is None:
         raise ConversionError(f"unknown architecture {hf_arch!r} in config.json "
                               f"(supported: {', '.join(sorted(ARCHITECTURES))})")
-    layout = select_layout(ckpt.config, (ckpt.src_dir / "hf_quant_config.json").is_file())
-    p = arch.params_from_config(ckpt.config)
+    p = arch.params_from_config(ckpt.config, hf_arch)
     notes: list[str] = []
     # vision tower etc. never reach the layout (their dtypes do not matter)
     stored = {n: r for n, r in ckpt.tensors.items() if arch.canonical_name(n) is not None}
-    sources = layout.logical_tensors(stored)
+    layout = select_layout(ckpt.config, stored, (ckpt.src_dir / "hf_quant_config.json").is_file())
+    qcfg = quantization_config(ckpt.config)
+    sources = layout.logical_tensors(stored, qcfg)
+    if qcfg is not None and not any(s.native for s in sources.values()):
+        raise ConversionError(f"config.json has a quantization_config (quant_method={qcfg.get('quant_method')!r}) "
+                              f"but no tensor of the checkpoint is stored in its {layout.name} format")
 
     # canonical name -> source, checkpoint order
     canon: dict[str, SourceTensor] = {}
@@ -111,6 +122,7 @@ def plan_model(src_dir: str | Path, outtype: str = "f16", *, mtp: bool = True) -
     if not n_mtp:
         for c in mtp_names:
             del canon[c]
+    canon = arch.group_sources(p, canon)
 
     has_head = "lm_head.weight" in canon
     if p.tie_word_embeddings and has_head:
@@ -135,11 +147,12 @@ def plan_model(src_dir: str | Path, outtype: str = "f16", *, mtp: bool = True) -
             raise ConversionError(f"tensor {src.name!r} in {src.files} has shape {_fmt_shape(src.shape)}, "
                                   f"expected {_fmt_shape(m.hf_shape)} from config.json")
         shape = arch.output_shape(m.role, m.hf_shape)
-        qtype, note = decide_type(m.gguf_name, shape, outtype, head_is_token_embd=not with_output)
+        qtype, note = decide_type(m.gguf_name, shape, outtype, src, head_is_token_embd=not with_output)
         if note:
             notes.append(note)
         plans.append(TensorPlan(m.gguf_name, src, m.role, shape, qtype,
-                                transform=lambda role, a, p=p: arch.transform(p, role, a)))
+                                transform=lambda role, a, p=p: arch.transform(p, role, a),
+                                row_local=m.role in arch.ROW_LOCAL_ROLES, permutes=m.role in arch.PERMUTATION_ROLES))
     missing = [c for c in expected if c not in canon]
     if missing:
         more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
@@ -210,16 +223,21 @@ def _general_metadata(w: gguf.GGUFWriter, src_dir: Path) -> None:
 
 
 def build_writer(mp: ModelPlan, outtype: str, tokenizer: dict[str, Any]) -> gguf.GGUFWriter:
-    w = gguf.GGUFWriter(path=None, arch=mp.arch.ARCH)
+    w = gguf.GGUFWriter(path=None, arch=mp.params.arch)
     for t in mp.tensors:
         w.add_tensor_info(t.gguf_name, t.shape, np.dtype(np.float32), t.nbytes, raw_dtype=t.qtype)
     w.add_type(gguf.GGUFType.MODEL)
     _general_metadata(w, mp.checkpoint.src_dir.resolve())
-    file_type = int(OUTTYPES[outtype][0])
-    add_hparams(w, mp.arch.gguf_hparams(mp.params, n_mtp=mp.n_mtp, file_type=file_type))
+    add_hparams(w, mp.arch.gguf_hparams(mp.params, n_mtp=mp.n_mtp, file_type=file_type(outtype, mp.tensors)))
     w.add_quantization_version(gguf.GGML_QUANT_VERSION)
     add_tokenizer_fields(w, tokenizer)
     w.add_string(VERSION_KEY, CONVERTER_VERSION)
+    names, sources, max_err, rms_err = REPORT_KEYS
+    w.add_array(names, [t.gguf_name for t in mp.tensors])
+    w.add_array(sources, [t.report.source for t in mp.tensors])
+    # placeholders of the final size, filled in by _fill_report once every tensor is measured
+    w.add_key_value(max_err, [0.0] * len(mp.tensors), VT.ARRAY, sub_type=VT.FLOAT32)
+    w.add_key_value(rms_err, [0.0] * len(mp.tensors), VT.ARRAY, sub_type=VT.FLOAT32)
     return w
 
 
@@ -229,7 +247,20 @@ def _pad(f, align: int) -> None:
         f.write(b"\0" * n)
 
 
-def _write(w: gguf.GGUFWriter, tensors: list, tmp: Path, progress: bool, desc: str) -> None:
+def _fill_report(path: Path, tensors: list[TensorPlan]) -> None:
+    """Write the measured errors into the reserved metadata arrays, in place."""
+    r = gguf.GGUFReader(path, mode="r+")
+    for key, values in ((REPORT_KEYS[2], [t.report.max_error for t in tensors]),
+                        (REPORT_KEYS[3], [t.report.rms_error for t in tensors])):
+        f = r.fields[key]
+        for i, v in zip(f.data, values):
+            f.parts[i][...] = v
+    r.data.flush()
+    del r
+
+
+def _write(w: gguf.GGUFWriter, tensors: list, tmp: Path, progress: bool, desc: str,
+           on_written: Callable[[Any], None] | None) -> None:
     from tqdm import tqdm
 
     w.write_header_to_file(path=tmp)
@@ -251,6 +282,8 @@ def _write(w: gguf.GGUFWriter, tensors: list, tmp: Path, progress: bool, desc: s
             if f.tell() - start != t.nbytes:
                 raise AssertionError(f"{t.gguf_name}: wrote {f.tell() - start} bytes, planned {t.nbytes}")
             _pad(f, align)
+            if on_written:
+                on_written(t)
     w.close()
 
 
@@ -276,13 +309,18 @@ def check_output_path(out: Path) -> None:
         raise ConversionError(f"output directory does not exist: {out.parent}")
 
 
-def write_gguf(w: gguf.GGUFWriter, tensors: list, out: Path, *, progress: bool, desc: str) -> None:
+def write_gguf(w: gguf.GGUFWriter, tensors: list, out: Path, *, progress: bool, desc: str,
+               on_written: Callable[[Any], None] | None = None,
+               finish: Callable[[Path], None] | None = None) -> None:
     """Write the header, metadata and tensor infos of `w`, then each tensor's
     chunks() (a TensorPlan or anything with gguf_name, nbytes and chunks()),
-    to a temporary file next to `out`, renamed to `out` only when complete."""
+    to a temporary file next to `out`; on_written(tensor) follows each tensor,
+    finish(temporary path) the whole file, and only then is it renamed to `out`."""
     tmp = _reserve_tmp(out)
     try:
-        _write(w, tensors, tmp, progress, desc)
+        _write(w, tensors, tmp, progress, desc, on_written)
+        if finish:
+            finish(tmp)
         os.replace(tmp, out)
     except BaseException:
         w.close()
@@ -290,13 +328,17 @@ def write_gguf(w: gguf.GGUFWriter, tensors: list, out: Path, *, progress: bool, 
         raise
 
 
-def convert(src_dir: str | Path, out_path: str | Path, *, outtype: str = "f16", mtp: bool = True,
-            progress: bool = False, log: Callable[[str], None] | None = None) -> ConvertResult:
+def convert(src_dir: str | Path, out_path: str | Path, *, outtype: str = "auto", mtp: bool = True,
+            progress: bool = False, log: Callable[[str], None] | None = None,
+            report: Callable[[Report], None] | None = None) -> ConvertResult:
     """Convert the HF checkpoint in `src_dir` to the GGUF file `out_path`.
 
-    outtype: f32 | f16 | bf16 | q8_0 | q4_0 (2-D weights; norms and 1-D stay F32).
+    outtype: auto (each tensor's own precision: float tensors keep their type,
+    quantized ones go to their lossless ggml type) | f32 | f16 | bf16 | q8_0 |
+    q4_0 | q4_k | q6_k (2-D weights; norms and 1-D stay F32).
     mtp: keep the multi-token-prediction layer when the checkpoint has one.
     progress: tqdm bar (bytes) on stderr. log: receives notes (type fallbacks, ...).
+    report: receives each tensor's Report (type, exact or max/RMS error) once written.
     Raises ConversionError for bad input; no partial output is ever left.
     """
     src = Path(src_dir)
@@ -307,8 +349,11 @@ def convert(src_dir: str | Path, out_path: str | Path, *, outtype: str = "f16", 
             log(n)
     check_output_path(out)
     tokenizer = _tokenizer_fields(src, mp.params.n_vocab)
-    write_gguf(build_writer(mp, outtype, tokenizer), mp.tensors, out, progress=progress, desc="pyqwen-convert")
-    return ConvertResult(out, outtype, len(mp.tensors), sum(t.nbytes for t in mp.tensors), mp.n_mtp, mp.notes)
+    write_gguf(build_writer(mp, outtype, tokenizer), mp.tensors, out, progress=progress, desc="pyqwen-convert",
+               on_written=(lambda t: report(t.report)) if report else None,
+               finish=lambda tmp: _fill_report(tmp, mp.tensors))
+    return ConvertResult(out, outtype, len(mp.tensors), sum(t.nbytes for t in mp.tensors), mp.n_mtp, mp.notes,
+                         [t.report for t in mp.tensors])
 
 
 class _Terminated(KeyboardInterrupt):

@@ -8,7 +8,6 @@ transforms are re-implemented with plain numpy (explicit head permutations).
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -22,33 +21,15 @@ gguf = pytest.importorskip("gguf")
 from gguf import GGMLQuantizationType as QT  # noqa: E402
 from gguf import quants  # noqa: E402
 
+from gguf_reference import expected_values, tiled_heads  # noqa: E402
 from tiny_models import make_tiny_qwen35, read_tensors  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
 
-try:
-    import pyqwen.convert as conv
-    from pyqwen.convert import layouts as conv_layouts
-    from pyqwen.convert import plan as conv_plan
-    from pyqwen.convert.__main__ import main as convert_main
-    CLI_MODULE = "pyqwen.convert"
-except ImportError:
-    # source checkout without an installed pyqwen: load ROOT/convert as the
-    # package `convert` (without putting ROOT on sys.path, which would shadow
-    # an installed pyqwen for the other test modules)
-    import importlib.util
-
-    if "convert" not in sys.modules:
-        _spec = importlib.util.spec_from_file_location(
-            "convert", ROOT / "convert" / "__init__.py", submodule_search_locations=[str(ROOT / "convert")])
-        _mod = importlib.util.module_from_spec(_spec)
-        sys.modules["convert"] = _mod
-        _spec.loader.exec_module(_mod)
-    import convert as conv
-    from convert import layouts as conv_layouts
-    from convert import plan as conv_plan
-    from convert.__main__ import main as convert_main
-    CLI_MODULE = "convert"
+import pyqwen.convert as conv  # noqa: E402
+from pyqwen.convert import encode as conv_encode  # noqa: E402
+from pyqwen.convert import layouts as conv_layouts  # noqa: E402
+from pyqwen.convert import plan as conv_plan  # noqa: E402
+from pyqwen.convert.__main__ import main as convert_main  # noqa: E402
 
 ConversionError = conv.ConversionError
 convert = conv.convert
@@ -162,68 +143,6 @@ def expected_layout(cfg: dict, outtype: str, *, n_mtp: int, tied: bool) -> dict[
         e[f"blk.{n}.nextn.hnorm.weight"] = ((H,), QT.F32)
         e[f"blk.{n}.nextn.shared_head_norm.weight"] = ((H,), QT.F32)
     return e
-
-
-def tiled_heads(nk: int, nv: int) -> list[int]:
-    """Tiled position -> grouped V head: position j*nk + g holds head g*(nv/nk) + j."""
-    r = nv // nk
-    return [g * r + j for j in range(r) for g in range(nk)]
-
-
-def take_heads(a: np.ndarray, order: list[int], size: int, axis: int = 0) -> np.ndarray:
-    parts = [np.take(a, np.arange(h * size, (h + 1) * size), axis=axis) for h in order]
-    return np.concatenate(parts, axis=axis)
-
-
-def expected_values(src: dict[str, np.ndarray], cfg: dict, *, n_mtp: int) -> dict[str, np.ndarray]:
-    """GGUF name -> F32 values (numpy order) from the HF tensors, by the llama.cpp rules."""
-    nk, nv = cfg["linear_num_key_heads"], cfg["linear_num_value_heads"]
-    dk, dv = cfg["linear_key_head_dim"], cfg["linear_value_head_dim"]
-    order = tiled_heads(nk, nv)
-    src = {(k.replace("model.language_model.", "model.")): v for k, v in src.items()}
-    out = {"token_embd.weight": src["model.embed_tokens.weight"], "output_norm.weight": src["model.norm.weight"] + 1}
-    if "lm_head.weight" in src and not cfg.get("tie_word_embeddings"):
-        out["output.weight"] = src["lm_head.weight"]
-    n = len(cfg["layer_types"])
-
-    def block(i, pre):
-        g = lambda s: src[pre + s]  # noqa: E731
-        out[f"blk.{i}.attn_norm.weight"] = g("input_layernorm.weight") + 1
-        out[f"blk.{i}.post_attention_norm.weight"] = g("post_attention_layernorm.weight") + 1
-        out[f"blk.{i}.ffn_gate.weight"] = g("mlp.gate_proj.weight")
-        out[f"blk.{i}.ffn_up.weight"] = g("mlp.up_proj.weight")
-        out[f"blk.{i}.ffn_down.weight"] = g("mlp.down_proj.weight")
-        if pre + "self_attn.q_proj.weight" in src:
-            out[f"blk.{i}.attn_q.weight"] = g("self_attn.q_proj.weight")  # interleaved q/gate, untouched
-            out[f"blk.{i}.attn_k.weight"] = g("self_attn.k_proj.weight")
-            out[f"blk.{i}.attn_v.weight"] = g("self_attn.v_proj.weight")
-            out[f"blk.{i}.attn_output.weight"] = g("self_attn.o_proj.weight")
-            out[f"blk.{i}.attn_q_norm.weight"] = g("self_attn.q_norm.weight") + 1
-            out[f"blk.{i}.attn_k_norm.weight"] = g("self_attn.k_norm.weight") + 1
-            return
-        qk = 2 * nk * dk
-        qkv = g("linear_attn.in_proj_qkv.weight")
-        out[f"blk.{i}.attn_qkv.weight"] = np.concatenate([qkv[:qk], take_heads(qkv[qk:], order, dv)])
-        out[f"blk.{i}.attn_gate.weight"] = take_heads(g("linear_attn.in_proj_z.weight"), order, dv)
-        out[f"blk.{i}.ssm_alpha.weight"] = take_heads(g("linear_attn.in_proj_a.weight"), order, 1)
-        out[f"blk.{i}.ssm_beta.weight"] = take_heads(g("linear_attn.in_proj_b.weight"), order, 1)
-        out[f"blk.{i}.ssm_a"] = -np.exp(take_heads(g("linear_attn.A_log"), order, 1).astype(np.float64))
-        out[f"blk.{i}.ssm_dt.bias"] = take_heads(g("linear_attn.dt_bias"), order, 1)
-        c = g("linear_attn.conv1d.weight")[:, 0, :]
-        out[f"blk.{i}.ssm_conv1d.weight"] = np.concatenate([c[:qk], take_heads(c[qk:], order, dv)])
-        out[f"blk.{i}.ssm_norm.weight"] = g("linear_attn.norm.weight")  # plain w: no +1
-        out[f"blk.{i}.ssm_out.weight"] = take_heads(g("linear_attn.out_proj.weight"), order, dv, axis=1)
-
-    for i in range(n):
-        block(i, f"model.layers.{i}.")
-    for j in range(n_mtp):
-        block(n + j, f"mtp.layers.{j}.")
-    if n_mtp:
-        out[f"blk.{n}.nextn.eh_proj.weight"] = src["mtp.fc.weight"]
-        out[f"blk.{n}.nextn.enorm.weight"] = src["mtp.pre_fc_norm_embedding.weight"] + 1
-        out[f"blk.{n}.nextn.hnorm.weight"] = src["mtp.pre_fc_norm_hidden.weight"] + 1
-        out[f"blk.{n}.nextn.shared_head_norm.weight"] = src["mtp.norm.weight"] + 1
-    return out
 
 
 # --- layout and metadata -------------------------------------------------------------
@@ -535,7 +454,7 @@ def test_interrupt_leaves_no_partial_output(models, tmp_path, monkeypatch):
     out = tmp_path / "model.gguf"
     out.write_bytes(b"previous")
     calls = {"n": 0}
-    real = conv_plan._encode
+    real = conv_encode.quantize
 
     def boom(a, qtype):
         calls["n"] += 1
@@ -543,7 +462,7 @@ def test_interrupt_leaves_no_partial_output(models, tmp_path, monkeypatch):
             raise KeyboardInterrupt
         return real(a, qtype)
 
-    monkeypatch.setattr(conv_plan, "_encode", boom)
+    monkeypatch.setattr(conv_encode, "quantize", boom)
     with pytest.raises(KeyboardInterrupt):
         convert(models["mtp"], out, outtype="f16")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model.gguf"]
@@ -693,11 +612,8 @@ def test_cli(models, tmp_path, capsys):
 def test_cli_subprocess_error(models, tmp_path):
     d = _copy(models, tmp_path)
     _bad_arch(d)
-    env = dict(os.environ)
-    if CLI_MODULE == "convert":  # run the source tree's package
-        env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
-    p = subprocess.run([sys.executable, "-m", CLI_MODULE, str(d), "-o", str(tmp_path / "x.gguf")],
-                       capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
+    p = subprocess.run([sys.executable, "-m", "pyqwen.convert", str(d), "-o", str(tmp_path / "x.gguf")],
+                       capture_output=True, text=True, cwd=tmp_path, timeout=120)
     assert p.returncode == 1
     assert p.stderr.startswith("pyqwen-convert: error: unknown architecture 'LlamaForCausalLM'")
     assert "Traceback" not in p.stderr

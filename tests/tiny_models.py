@@ -205,6 +205,22 @@ def _to_conditional_generation(d: Path, rng: np.random.Generator, dtype: str) ->
     _save(dict(sorted(renamed.items())), d / "model.safetensors", dtype)
 
 
+def _save_random(model_cls, config, seed: int, dst: Path) -> np.random.Generator:
+    """Instantiate `model_cls(config)`, fill every parameter from a seeded RNG (see
+    _rand_param), save it with the tiny tokenizer; returns the RNG for further tensors."""
+    import torch
+
+    torch.manual_seed(seed)
+    model = model_cls(config).to(torch.float32)
+    rng = np.random.default_rng(seed)
+    with torch.no_grad():
+        for name, p in sorted(model.named_parameters()):
+            p.copy_(torch.from_numpy(_rand_param(rng, name, tuple(p.shape))))
+    model.save_pretrained(str(dst))
+    write_tiny_tokenizer(dst, vocab_size=config.vocab_size)
+    return rng
+
+
 def make_tiny_qwen35(dst_dir, *, seed: int = 0, with_mtp: bool = False, max_shard_size: int | None = None,
                      layout: str = "causal_lm", dtype: str = "float32", **config_overrides) -> Path:
     """Write a tiny random Qwen3.5 checkpoint (+ tiny tokenizer) to `dst_dir`.
@@ -212,7 +228,6 @@ def make_tiny_qwen35(dst_dir, *, seed: int = 0, with_mtp: bool = False, max_shar
     `config_overrides` replace keys of the text config (see TINY_CONFIG), e.g.
     `tie_word_embeddings=True` or `intermediate_size=80`.
     """
-    import torch
     from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
 
     if layout not in ("causal_lm", "conditional_generation"):
@@ -224,15 +239,7 @@ def make_tiny_qwen35(dst_dir, *, seed: int = 0, with_mtp: bool = False, max_shar
         cfg_dict["mtp_num_hidden_layers"] = 1
     config = Qwen3_5TextConfig(**cfg_dict)
     config.architectures = ["Qwen3_5ForCausalLM"]
-
-    torch.manual_seed(seed)
-    model = Qwen3_5ForCausalLM(config).to(torch.float32)
-    rng = np.random.default_rng(seed)
-    with torch.no_grad():
-        for name, p in sorted(model.named_parameters()):
-            p.copy_(torch.from_numpy(_rand_param(rng, name, tuple(p.shape))))
-    model.save_pretrained(str(dst))
-    write_tiny_tokenizer(dst, vocab_size=cfg_dict["vocab_size"])
+    rng = _save_random(Qwen3_5ForCausalLM, config, seed, dst)
 
     need_rewrite = with_mtp or dtype != "float32"
     if need_rewrite:
@@ -247,4 +254,57 @@ def make_tiny_qwen35(dst_dir, *, seed: int = 0, with_mtp: bool = False, max_shar
         _to_conditional_generation(dst, rng, dtype)
     if max_shard_size is not None:
         shard_checkpoint(dst, max_shard_size)
+    return dst
+
+
+MOE_CONFIG: dict = {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+                    "shared_expert_intermediate_size": 48}
+
+
+def make_tiny_moe(dst_dir, *, variant: str, seed: int = 0, with_mtp: bool = False, fused_experts: bool = False,
+                  **config_overrides) -> Path:
+    """A tiny random Qwen3.5-MoE (`variant="qwen35moe"`) or Qwen3-Next (`"qwen3next"`) checkpoint:
+    the tiny config plus 4 experts of width 32 (2 per token) and a shared expert of width 48.
+
+    transformers saves the experts one by one (`mlp.experts.{e}.gate_proj.weight`, ...);
+    `fused_experts` rewrites them the way Qwen3.5-MoE releases store them (`mlp.experts.gate_up_proj`
+    [E, 2I, H], `mlp.experts.down_proj` [E, H, I]). `with_mtp` adds an MTP head whose layer is a copy
+    of the model's full-attention layer layout (MoE MLP included) with its own random values."""
+    from transformers import Qwen3_5MoeForCausalLM, Qwen3_5MoeTextConfig, Qwen3NextConfig, Qwen3NextForCausalLM
+
+    config_cls, model_cls = {"qwen35moe": (Qwen3_5MoeTextConfig, Qwen3_5MoeForCausalLM),
+                             "qwen3next": (Qwen3NextConfig, Qwen3NextForCausalLM)}[variant]
+    dst = Path(dst_dir)
+    dst.mkdir(parents=True, exist_ok=True)
+    cfg_dict = {**tiny_config(**config_overrides), **MOE_CONFIG}
+    if variant == "qwen3next":
+        cfg_dict["intermediate_size"] = 96  # unused by the MoE layers, written as feed_forward_length
+        cfg_dict["rope_parameters"] = {k: v for k, v in cfg_dict["rope_parameters"].items()
+                                       if k in ("rope_type", "rope_theta", "partial_rotary_factor")}
+    else:
+        cfg_dict.pop("intermediate_size")
+    if with_mtp and variant == "qwen35moe":
+        cfg_dict["mtp_num_hidden_layers"] = 1
+    config = config_cls(**cfg_dict)
+    config.architectures = [model_cls.__name__]
+    rng = _save_random(model_cls, config, seed, dst)
+
+    tensors = read_tensors(dst)
+    if with_mtp:
+        full = config.layer_types.index("full_attention")
+        pre = f"model.layers.{full}."
+        h = cfg_dict["hidden_size"]
+        mtp = {"mtp.layers.0." + k[len(pre):]: v.shape for k, v in tensors.items() if k.startswith(pre)}
+        mtp.update({"mtp.fc.weight": (h, 2 * h), "mtp.pre_fc_norm_embedding.weight": (h,),
+                    "mtp.pre_fc_norm_hidden.weight": (h,), "mtp.norm.weight": (h,)})
+        tensors.update({k: _rand_param(rng, k, tuple(s)) for k, s in sorted(mtp.items())})
+    if fused_experts:
+        n_exp = cfg_dict["num_experts"]
+        blocks = sorted({k.split(".mlp.experts.")[0] for k in tensors if ".mlp.experts." in k})
+        for b in blocks:
+            e = [f"{b}.mlp.experts.{i}." for i in range(n_exp)]
+            gate_up = [np.concatenate([tensors.pop(p + "gate_proj.weight"), tensors.pop(p + "up_proj.weight")]) for p in e]
+            tensors[f"{b}.mlp.experts.gate_up_proj"] = np.stack(gate_up)
+            tensors[f"{b}.mlp.experts.down_proj"] = np.stack([tensors.pop(p + "down_proj.weight") for p in e])
+    _save(dict(sorted(tensors.items())), dst / "model.safetensors", "float32")
     return dst
