@@ -18,10 +18,10 @@ _METADATA_PREFIXES = ("tokenizer.", "general.")
 
 def read_metadata(path: str) -> dict[str, Any]:
     """Tokenizer and general metadata of a GGUF file, as plain Python values."""
-    import gguf  # deferred: only needed at load time
+    from .convert.encode import FieldsReader  # deferred: only needed at load time
 
     try:
-        reader = gguf.GGUFReader(path, "r")
+        reader = FieldsReader(path, "r")
         return {k: f.contents() for k, f in reader.fields.items() if k.startswith(_METADATA_PREFIXES)}
     except Exception as e:  # the gguf reader raises many kinds of errors on damaged files
         raise ModelLoadError(f"cannot read the metadata of {path}: {e}") from e
