@@ -396,12 +396,12 @@ class ComfyLayout:
             out[src.name] = src
             claimed.update(r.name for r in parts.values())
             claimed.add(f"{layer}.{MARKER}")
-        for name, ref in stored.items():
-            if name in claimed:
-                continue
+        rest = {n: r for n, r in stored.items() if n not in claimed}
+        for name in rest:
             if name.endswith("." + MARKER):
                 raise ConversionError(f"tensor {name!r} marks a layer with no {name[:-len(MARKER)]}weight")
             if name.rsplit(".", 1)[-1] in _PART_NAMES:
                 raise ConversionError(f"tensor {name!r} belongs to a quantized layer that has no comfy_quant marker")
+        for name, ref in rest.items():
             out[hf_name(name)] = float_source(hf_name(name), ref, "an unquantized tensor of a ComfyUI checkpoint")
         return out
