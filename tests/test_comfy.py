@@ -15,19 +15,19 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 
 import gguf
 import numpy as np
 import pytest
 import torch
 
-from comfy_checkpoints import (QUANTIZERS, dequantize, e4m3_values, hadamard, make_comfy, rotate, to_e4m3,
-                               w4a8_grid, w4a8_rotated)
+from comfy_checkpoints import dequantize, e4m3_values, hadamard, make_comfy, rotate, w4a8_grid, w4a8_rotated
 from pyqwen import Llama
 from pyqwen._cffi import ffi, lib
 from pyqwen.convert import ConversionError, convert
 from pyqwen.convert.__main__ import main as convert_main
-from tiny_models import make_tiny_qwen35, read_tensors
+from tiny_models import make_tiny_qwen35
 
 PQ_W4A8 = 100
 # with PYQWEN_TEST_NGL set the models run on CUDA, whose TF32 matmuls cost f32 parity about 1e-2
@@ -493,11 +493,11 @@ def test_comfy_names(hf, tmp_path):
 
 
 def _edit(src, tmp_path, fn):
-    from safetensors.torch import load_file, save_file
+    """A copy of the ComfyUI checkpoint `src` with fn applied to its tensors."""
     from safetensors import safe_open
+    from safetensors.torch import load_file, save_file
 
     d = tmp_path / "bad"
-    import shutil
     shutil.copytree(src, d)
     with safe_open(str(d / "model.safetensors"), "pt") as f:
         meta = f.metadata()
