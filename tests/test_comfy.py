@@ -28,6 +28,7 @@ from pyqwen._cffi import ffi, lib
 from pyqwen.convert import ConversionError, convert
 from pyqwen.convert.__main__ import main as convert_main
 from tiny_models import make_tiny_qwen35
+from upstream import upstream_llama  # noqa: F401  (the session fixture)
 
 PQ_W4A8 = 100
 # with PYQWEN_TEST_NGL set the models run on CUDA, whose TF32 matmuls cost f32 parity about 1e-2
@@ -477,6 +478,21 @@ def test_rotated_weights_in_the_graph(comfy_w4a8, tmp_path):
     print(f"rotated f32 weights: {rotated:.2e}; without rotation keys: {stripped:.2e}")
     assert rotated < F32_BOUND
     assert stripped > 0.5
+
+
+def test_upstream_llama_cpp(comfy_w4a8, tmp_path, upstream_llama):  # noqa: F811
+    """Upstream refuses a pq_w4a8 file with its own error (no crash). A rotated Q8_0 file has only
+    standard types: upstream loads it, ignores the rotation keys and computes the wrong model,
+    which is what pyqwen.requires warns about."""
+    src, twin = comfy_w4a8
+    prompt = np.random.default_rng(4).integers(0, 900, size=12).tolist()
+    res = upstream_llama.run(gguf_of(src, tmp_path, "auto")[1], prompt)
+    assert not res.ok and "invalid ggml type 100" in res.stderr, res.stderr[-2000:]
+    res = upstream_llama.run(gguf_of(src, tmp_path, "q8_0")[1], prompt)
+    assert res.ok, res.stderr[-2000:]
+    wrong = max_rel(res.logits, hf_logits(twin, prompt))
+    print(f"upstream on the rotated q8_0 file: relative logit error {wrong:.2f}")
+    assert wrong > 0.5
 
 
 def test_comfy_names(hf, tmp_path):
