@@ -194,9 +194,9 @@ class W4A8Weight(_Rotated):
         self.rot = _rotation_length(self.name, self.cfg, self.k)
         if self.k % 16:
             raise self.bad(f"{self.k} input columns are not a multiple of 16")
-        exact = self.keep and corr is None
-        self.pq = exact and g % 16 == 0 and s_rel.dtype != "F32"
-        self.rotated_types = ((PQ_W4A8,) if self.pq else ()) + ((int(QT.Q8_0),) if exact else ())
+        exact = self.keep and corr is None  # no ggml type holds the correction
+        pq = exact and g % 16 == 0 and s_rel.dtype != "F32"  # one fp8 scale byte per 16 columns
+        self.rotated_types = ((PQ_W4A8,) if pq else ()) + ((int(QT.Q8_0),) if exact else ())
 
     def bad(self, why: str) -> ConversionError:
         return ConversionError(f"ComfyUI layer {self.name!r} (asym_w4a8_int8): {why}")
@@ -243,12 +243,13 @@ class W4A8Weight(_Rotated):
             return None, permute(self.dequantize(rows))
         n = self.n if rows is None else rows[1] - rows[0]
         order = self.row_order(permute, n)
-        ref = self.stored(rows)[order]
+        grid, s_ch = self.grid(rows), self._s_channel(rows)
+        ref = (grid.astype(np.float32) * s_ch[:, None])[order]  # W_rot (no correction in rotated_types)
         if int(qtype) == QT.Q8_0:
-            return _q8_0(self.grid(rows)[order], self._s_channel(rows)[order], ref), ref
+            return _q8_0(grid[order], s_ch[order], ref), ref
         nb = self.k // 256
         out = np.zeros((n, nb), dtype=PQ_W4A8_BLOCK)
-        out["d"] = self._s_channel(rows)[:, None]
+        out["d"] = s_ch[:, None]
         sr = read_raw(self.parts["weight_s_rel"], rows).view(np.uint8)
         out["sr"] = np.repeat(sr, self.g // 16, axis=1).reshape(n, nb, 16)
         out["qs"] = read_raw(self.parts["weight"], rows).view(np.uint8).reshape(n, nb, 128)
