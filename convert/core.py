@@ -26,6 +26,7 @@ from gguf import GGUFValueType as VT
 
 from . import qwen35
 from .checkpoint import Checkpoint, open_checkpoint
+from .encode import FieldsReader
 from .errors import ConversionError
 from .layouts import SourceTensor, quantization_config, select_layout
 from .plan import OUTTYPES, Report, TensorPlan, decide_type, file_type
@@ -232,6 +233,7 @@ def build_writer(mp: ModelPlan, outtype: str, tokenizer: dict[str, Any]) -> gguf
     w.add_quantization_version(gguf.GGML_QUANT_VERSION)
     add_tokenizer_fields(w, tokenizer)
     w.add_string(VERSION_KEY, CONVERTER_VERSION)
+    _add_extensions(w, mp.tensors)
     names, sources, max_err, rms_err = REPORT_KEYS
     w.add_array(names, [t.gguf_name for t in mp.tensors])
     w.add_array(sources, [t.report.source for t in mp.tensors])
@@ -239,6 +241,23 @@ def build_writer(mp: ModelPlan, outtype: str, tokenizer: dict[str, Any]) -> gguf
     w.add_key_value(max_err, [0.0] * len(mp.tensors), VT.ARRAY, sub_type=VT.FLOAT32)
     w.add_key_value(rms_err, [0.0] * len(mp.tensors), VT.ARRAY, sub_type=VT.FLOAT32)
     return w
+
+
+def _add_extensions(w: gguf.GGUFWriter, tensors: list[TensorPlan]) -> None:
+    """Keys of natives whose output needs pyqwen (e.g. comfy.py's rotated weights), and the list
+    of those features in pyqwen.requires (upstream ignores these keys; pyqwen refuses features it
+    does not know)."""
+    requires: set[str] = set()
+    for t in tensors:
+        extensions = getattr(t.src.native, "extensions", None) if t.permutes else None
+        if extensions:
+            needs, keys = extensions(t.gguf_name, t.qtype)
+            requires.update(needs)
+            for key, vt, value in keys:
+                w.add_key_value(key, value, VT.ARRAY if isinstance(value, list) else vt,
+                                sub_type=vt if isinstance(value, list) else None)
+    if requires:
+        w.add_array("pyqwen.requires", sorted(requires))
 
 
 def _pad(f, align: int) -> None:
@@ -249,7 +268,7 @@ def _pad(f, align: int) -> None:
 
 def _fill_report(path: Path, tensors: list[TensorPlan]) -> None:
     """Write the measured errors into the reserved metadata arrays, in place."""
-    r = gguf.GGUFReader(path, mode="r+")
+    r = FieldsReader(path, mode="r+")
     for key, values in ((REPORT_KEYS[2], [t.report.max_error for t in tensors]),
                         (REPORT_KEYS[3], [t.report.rms_error for t in tensors])):
         f = r.fields[key]

@@ -16,15 +16,25 @@ import math
 
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as QT
-from gguf import quants
+from gguf import GGUFReader, quants
 
 from .errors import ConversionError
 
 TYPE_SIZES: dict[int, tuple[int, int]] = {int(t): s for t, s in GGML_QUANT_SIZES.items()}
+TYPE_NAMES: dict[int, str] = {}  # pyqwen-only types (gguf-py does not know them)
 FLOAT_TYPES = (int(QT.F32), int(QT.F16), int(QT.BF16))
 
 
+class FieldsReader(GGUFReader):
+    """A GGUFReader of the key-value fields only: gguf-py cannot describe pyqwen-only types."""
+
+    def _build_tensors(self, start_offs, fields):
+        self.tensors = []
+
+
 def type_name(qtype: int) -> str:
+    if qtype in TYPE_NAMES:
+        return TYPE_NAMES[qtype]
     try:
         return QT(qtype).name
     except ValueError:

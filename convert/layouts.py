@@ -29,7 +29,11 @@ The `Native` protocol (what the writer asks of a quantized source):
   selections, applied alike to codes and scales of the same shape); `data`
   is its GGUF bytes in `qtype` when the native form can produce that type
   (exactly, or block by block falling back to quantizing `ref`), else None
-  and the writer quantizes `ref` with ggml.
+  and the writer quantizes `ref` with ggml;
+- optionally `extensions(gguf_name, qtype)` -> `(features, keys)` for an
+  output only pyqwen can run (ComfyUI's weights kept in the Hadamard basis,
+  comfy.py): the pyqwen features it needs (GGUF `pyqwen.requires`) and the
+  GGUF keys `(key, GGUFValueType, value)` that describe it.
 
 The writer dequantizes whatever it wrote and reports, per tensor, the
 max/RMS error against `ref` (0 = bit-exact), on stderr and in the GGUF
@@ -192,11 +196,12 @@ class FloatLayout:
 
 def input_layouts() -> list[InputLayout]:
     from .awq import AWQLayout
+    from .comfy import ComfyLayout
     from .compressed_tensors import CompressedTensorsLayout
     from .fp8 import FP8Layout
     from .gptq import GPTQLayout
 
-    return [CompressedTensorsLayout(), GPTQLayout(), AWQLayout(), FP8Layout(), FloatLayout()]
+    return [CompressedTensorsLayout(), GPTQLayout(), AWQLayout(), FP8Layout(), ComfyLayout(), FloatLayout()]
 
 
 def quantization_config(config: dict[str, Any]) -> dict[str, Any] | None:

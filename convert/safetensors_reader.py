@@ -59,32 +59,47 @@ class TensorRef:
         return self.nbytes // self.shape[0] if self.shape and self.shape[0] else self.nbytes
 
 
-def read_header(path: Path) -> dict[str, TensorRef]:
-    """Parse and validate the header of `path`; tensors sorted by name (as
-    safetensors and llama.cpp's converter iterate them)."""
+def _bad(path: Path, why: str) -> ConversionError:
+    return ConversionError(f"corrupt safetensors header in {path}: {why}")
 
-    def bad(why: str) -> ConversionError:
-        return ConversionError(f"corrupt safetensors header in {path}: {why}")
+
+def _header_json(path: Path) -> tuple[dict, int, int]:
+    """The header object of `path`, its length and the file size."""
 
     try:
         size = os.path.getsize(path)
         with open(path, "rb") as f:
             head = f.read(8)
             if len(head) < 8:
-                raise bad(f"file is {size} bytes, too short for a header")
+                raise _bad(path, f"file is {size} bytes, too short for a header")
             n = int.from_bytes(head, "little")
             if n > _MAX_HEADER or 8 + n > size:
-                raise bad(f"header length {n} does not fit in a {size}-byte file")
+                raise _bad(path, f"header length {n} does not fit in a {size}-byte file")
             raw = f.read(n)
     except OSError as e:
         raise ConversionError(f"cannot read {path}: {e.strerror or e}") from None
     try:
         meta = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise bad(f"header is not valid JSON ({e})") from None
+        raise _bad(path, f"header is not valid JSON ({e})") from None
     if not isinstance(meta, dict):
-        raise bad("header is not a JSON object")
+        raise _bad(path, "header is not a JSON object")
+    return meta, n, size
 
+
+def read_metadata(path: Path) -> dict[str, str]:
+    """The `__metadata__` string map of the header of `path` (empty if none)."""
+    meta = _header_json(path)[0].get("__metadata__", {})
+    if not isinstance(meta, dict) or not all(isinstance(v, str) for v in meta.values()):
+        raise _bad(path, "__metadata__ is not a map of strings")
+    return meta
+
+
+def read_header(path: Path) -> dict[str, TensorRef]:
+    """Parse and validate the header of `path`; tensors sorted by name (as
+    safetensors and llama.cpp's converter iterate them)."""
+
+    meta, n, size = _header_json(path)
     data_start = 8 + n
     data_size = size - data_start
     out: dict[str, TensorRef] = {}
@@ -92,18 +107,18 @@ def read_header(path: Path) -> dict[str, TensorRef]:
         if name == "__metadata__":
             continue
         if not isinstance(m, dict):
-            raise bad(f"entry {name!r} is not an object")
+            raise _bad(path, f"entry {name!r} is not an object")
         dtype, shape, offs = m.get("dtype"), m.get("shape"), m.get("data_offsets")
         if dtype not in DTYPES:
-            raise bad(f"tensor {name!r} has unknown dtype {dtype!r}")
+            raise _bad(path, f"tensor {name!r} has unknown dtype {dtype!r}")
         if not (isinstance(shape, list) and all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape)):
-            raise bad(f"tensor {name!r} has invalid shape {shape!r}")
+            raise _bad(path, f"tensor {name!r} has invalid shape {shape!r}")
         if not (isinstance(offs, list) and len(offs) == 2 and all(isinstance(o, int) for o in offs)
                 and 0 <= offs[0] <= offs[1] <= data_size):
-            raise bad(f"tensor {name!r} has data_offsets {offs!r} outside the {data_size}-byte data section")
+            raise _bad(path, f"tensor {name!r} has data_offsets {offs!r} outside the {data_size}-byte data section")
         nbytes = math.prod(shape) * DTYPES[dtype][1]
         if offs[1] - offs[0] != nbytes:
-            raise bad(f"tensor {name!r}: {dtype} {shape} needs {nbytes} bytes, data_offsets span {offs[1] - offs[0]}")
+            raise _bad(path, f"tensor {name!r}: {dtype} {shape} needs {nbytes} bytes, data_offsets span {offs[1] - offs[0]}")
         out[name] = TensorRef(path, name, dtype, tuple(shape), data_start + offs[0], nbytes)
     return dict(sorted(out.items()))
 

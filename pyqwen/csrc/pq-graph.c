@@ -18,17 +18,18 @@ static struct ggml_tensor * l2_norm(struct ggml_context * c, struct ggml_tensor 
 
 static struct ggml_tensor * deltanet_block(struct pq_ctx * ctx, struct ggml_context * c, struct ggml_cgraph * gf,
                                            struct ggml_tensor * h, int il) {
-    const struct pq_hparams * hp = &ctx->model->hp;
-    const struct pq_layer * L = &ctx->model->layers[il];
+    const struct pq_model * m = ctx->model;
+    const struct pq_hparams * hp = &m->hp;
+    const struct pq_layer * L = &m->layers[il];
     const int64_t n = h->ne[1];
     const int64_t S = hp->ssm_d_state, HK = hp->ssm_n_k_heads, HV = hp->ssm_n_v_heads;
     const int64_t C = pq_conv_channels(hp), K1 = hp->conv_kernel - 1;
 
-    struct ggml_tensor * qkv = ggml_mul_mat(c, L->wqkv, h);                      /* [C, n] */
-    struct ggml_tensor * z   = ggml_mul_mat(c, L->wz, h);                        /* [HV*S, n] */
-    struct ggml_tensor * beta = ggml_sigmoid(c, ggml_mul_mat(c, L->w_beta, h));  /* [HV, n] */
+    struct ggml_tensor * qkv = pq_linear(m, c, L->wqkv, h);                      /* [C, n] */
+    struct ggml_tensor * z   = pq_linear(m, c, L->wz, h);                        /* [HV*S, n] */
+    struct ggml_tensor * beta = ggml_sigmoid(c, pq_linear(m, c, L->w_beta, h));  /* [HV, n] */
     /* decay g = -exp(A_log) * softplus(alpha + dt_bias), kept in log space for the op */
-    struct ggml_tensor * alpha = ggml_add(c, ggml_mul_mat(c, L->w_alpha, h), L->dt_bias);
+    struct ggml_tensor * alpha = ggml_add(c, pq_linear(m, c, L->w_alpha, h), L->dt_bias);
     struct ggml_tensor * gate = ggml_mul(c, ggml_softplus(c, alpha), L->ssm_a);
 
     /* causal conv1d over [previous K1 inputs | this pass], then keep the last K1 as new state */
@@ -56,23 +57,26 @@ static struct ggml_tensor * deltanet_block(struct pq_ctx * ctx, struct ggml_cont
     /* gated RMSNorm with z, then the output projection */
     struct ggml_tensor * o = ggml_mul(c, norm(c, attn, L->ssm_norm, hp->norm_eps),
                                       ggml_silu(c, ggml_reshape_3d(c, z, S, HV, n)));
-    return ggml_mul_mat(c, L->ssm_out, ggml_reshape_2d(c, o, S * HV, n));
+    /* a rotated ssm_out keeps the checkpoint's grouped V-head column order (pq-linear.c) */
+    o = pq_rotation(m, L->ssm_out) && HK != HV ? pq_v_heads_grouped(c, o, HK) : ggml_reshape_2d(c, o, S * HV, n);
+    return pq_linear(m, c, L->ssm_out, o);
 }
 
 static struct ggml_tensor * attention_block(struct pq_ctx * ctx, struct pq_graph * g, struct ggml_context * c,
                                             struct ggml_cgraph * gf, struct ggml_tensor * h, int il) {
-    const struct pq_hparams * hp = &ctx->model->hp;
-    const struct pq_layer * L = &ctx->model->layers[il];
+    const struct pq_model * m = ctx->model;
+    const struct pq_hparams * hp = &m->hp;
+    const struct pq_layer * L = &m->layers[il];
     const int64_t n = h->ne[1], D = hp->head_dim, NH = hp->n_head, NKV = hp->n_head_kv;
 
     /* q_proj holds, per head, D query rows followed by D gate rows */
-    struct ggml_tensor * qg = ggml_mul_mat(c, L->wq, h);                        /* [2*D*NH, n] */
+    struct ggml_tensor * qg = pq_linear(m, c, L->wq, h);                        /* [2*D*NH, n] */
     const size_t es = ggml_element_size(qg);
     struct ggml_tensor * q = ggml_view_3d(c, qg, D, NH, n, 2 * D * es, 2 * D * NH * es, 0);
     struct ggml_tensor * gate = ggml_cont_2d(c, ggml_view_3d(c, qg, D, NH, n, 2 * D * es, 2 * D * NH * es, D * es), D * NH, n);
     q = norm(c, q, L->q_norm, hp->norm_eps);
-    struct ggml_tensor * k = norm(c, ggml_reshape_3d(c, ggml_mul_mat(c, L->wk, h), D, NKV, n), L->k_norm, hp->norm_eps);
-    struct ggml_tensor * v = ggml_reshape_3d(c, ggml_mul_mat(c, L->wv, h), D, NKV, n);
+    struct ggml_tensor * k = norm(c, ggml_reshape_3d(c, pq_linear(m, c, L->wk, h), D, NKV, n), L->k_norm, hp->norm_eps);
+    struct ggml_tensor * v = ggml_reshape_3d(c, pq_linear(m, c, L->wv, h), D, NKV, n);
 
     /* Text positions are equal in all M-RoPE sections, which makes interleaved M-RoPE plain NeoX
      * rotation of the first n_rot dims. */
@@ -88,12 +92,13 @@ static struct ggml_tensor * attention_block(struct pq_ctx * ctx, struct pq_graph
     struct ggml_tensor * a = ggml_flash_attn_ext(c, ggml_permute(c, q, 0, 2, 1, 3), K, V, g->inp_mask,
                                                  1.0f / sqrtf((float) D), 0.0f, 0.0f);  /* [D, NH, n] */
     a = ggml_mul(c, ggml_reshape_2d(c, a, D * NH, n), ggml_sigmoid(c, gate));
-    return ggml_mul_mat(c, L->wo, a);
+    return pq_linear(m, c, L->wo, a);
 }
 
-static struct ggml_tensor * ffn_block(struct ggml_context * c, const struct pq_layer * L, struct ggml_tensor * h) {
-    struct ggml_tensor * act = ggml_swiglu_split(c, ggml_mul_mat(c, L->ffn_gate, h), ggml_mul_mat(c, L->ffn_up, h));
-    return ggml_mul_mat(c, L->ffn_down, act);
+static struct ggml_tensor * ffn_block(const struct pq_model * m, struct ggml_context * c, const struct pq_layer * L,
+                                      struct ggml_tensor * h) {
+    struct ggml_tensor * act = ggml_swiglu_split(c, pq_linear(m, c, L->ffn_gate, h), pq_linear(m, c, L->ffn_up, h));
+    return pq_linear(m, c, L->ffn_down, act);
 }
 
 struct ggml_cgraph * pq_build_graph(struct pq_ctx * ctx, struct pq_graph * g) {
@@ -126,12 +131,12 @@ struct ggml_cgraph * pq_build_graph(struct pq_ctx * ctx, struct pq_graph * g) {
         struct ggml_tensor * h = norm(c, x, L->attn_norm, hp->norm_eps);
         h = pq_is_recurrent(hp, il) ? deltanet_block(ctx, c, gf, h, il) : attention_block(ctx, g, c, gf, h, il);
         x = ggml_add(c, x, h);
-        x = ggml_add(c, x, ffn_block(c, L, norm(c, x, L->post_norm, hp->norm_eps)));
+        x = ggml_add(c, x, ffn_block(m, c, L, norm(c, x, L->post_norm, hp->norm_eps)));
     }
     if (g->out_mode != PQ_OUT_ALL) {
         x = ggml_view_2d(c, x, hp->n_embd, 1, x->nb[1], (n - 1) * x->nb[1]);   /* only the last row */
     }
-    struct ggml_tensor * logits = ggml_mul_mat(c, m->output, norm(c, x, m->output_norm, hp->norm_eps));
+    struct ggml_tensor * logits = pq_linear(m, c, m->output, norm(c, x, m->output_norm, hp->norm_eps));
     if (g->out_mode == PQ_OUT_SAMPLE) {
         g->inp_sampler = ggml_new_tensor_2d(c, GGML_TYPE_F32, GGML_PYQWEN_SAMPLE_N_PARAMS, 1);
         g->inp_history = ggml_new_tensor_2d(c, GGML_TYPE_I32, PQ_HISTORY, 1);

@@ -96,6 +96,10 @@ struct pq_model {
     ggml_backend_buffer_t buf_gpu;
     int64_t n_params;
     int64_t size_bytes;
+
+    /* weights stored in the Hadamard basis (pq-linear.c) and their rotation length */
+    struct pq_rotated { const struct ggml_tensor * w; int32_t n; } rotated[PQ_MAX_LAYERS * 24];
+    int32_t n_rotated;
 };
 
 enum pq_out_mode {
@@ -157,5 +161,16 @@ struct ggml_cgraph * pq_build_graph(struct pq_ctx * ctx, struct pq_graph * g);
 
 /* The sample op's parameter row (GGML_PYQWEN_SAMPLE_N_PARAMS floats) for these settings. */
 void pq_sampler_params(const pq_sampling * s, float uniform, float * params);
+
+/* pq-linear.c: rotated weights and GGML_TYPE_PQ_W4A8 */
+int  pq_check_requires(const struct gguf_context * g);
+int  pq_load_rotation(struct pq_model * m, const struct gguf_context * g, const char * name, const struct ggml_tensor * w,
+                      bool matmul_weight);
+int  pq_load_codebook(const struct gguf_context * g, const char * name, struct ggml_tensor * w);
+bool pq_gpu_can_multiply(ggml_backend_t gpu, const struct ggml_tensor * w);
+int32_t pq_rotation(const struct pq_model * m, const struct ggml_tensor * w);
+/* w·x, rotating x first when w is stored in the Hadamard basis */
+struct ggml_tensor * pq_linear(const struct pq_model * m, struct ggml_context * c, struct ggml_tensor * w, struct ggml_tensor * x);
+struct ggml_tensor * pq_v_heads_grouped(struct ggml_context * c, struct ggml_tensor * x, int64_t n_k_heads);
 
 #endif /* PQ_INTERNAL_H */

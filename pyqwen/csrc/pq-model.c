@@ -283,7 +283,7 @@ int pq_model_load(const char * path, const pq_model_params * params, pq_model **
     size_t scratch_size = 0;
     int rc = -1;
     if (!m || !reqs) { pq_fail("out of memory"); goto done; }
-    if (read_hparams(g, &m->hp)) goto done;
+    if (read_hparams(g, &m->hp) || pq_check_requires(g)) goto done;
 
     struct ggml_tensor * embd = ggml_get_tensor(meta, "token_embd.weight");
     if (!embd) { pq_fail("tensor token_embd.weight is missing"); goto done; }
@@ -320,9 +320,11 @@ int pq_model_load(const char * path, const pq_model_params * params, pq_model **
         bool gpu = m->backend_gpu && (r->layer >= 0 ? r->layer >= m->hp.n_layer - m->n_gpu_layers : m->output_on_gpu);
         /* the embedding lookup is a gather: it stays on the CPU like upstream's input layer */
         if (r->dst == &m->tok_embd) gpu = false;
+        if (gpu && !pq_gpu_can_multiply(m->backend_gpu, src)) gpu = false;
         struct ggml_tensor * t = ggml_dup_tensor(gpu ? m->ctx_gpu : m->ctx_cpu, src);
         ggml_set_name(t, r->name);
         *r->dst = t;
+        if (pq_load_rotation(m, g, r->name, t, !r->f32_only && r->dst != &m->tok_embd)) goto done;
         if (r->layer >= 0) m->layers[r->layer].on_gpu = gpu;
         m->n_params += ggml_nelements(t);
         m->size_bytes += ggml_nbytes(t);
@@ -344,7 +346,8 @@ int pq_model_load(const char * path, const pq_model_params * params, pq_model **
         struct ggml_tensor * t = *reqs[i].dst;
         if (!t || strcmp(ggml_get_name(t), reqs[i].name) != 0) continue;
         const int64_t ti = gguf_find_tensor(g, reqs[i].name);
-        if (read_tensor_data(f, data_offset + gguf_get_tensor_offset(g, ti), t, &scratch, &scratch_size)) goto done;
+        if (read_tensor_data(f, data_offset + gguf_get_tensor_offset(g, ti), t, &scratch, &scratch_size) ||
+            pq_load_codebook(g, reqs[i].name, t)) goto done;
     }
     rc = 0;
 

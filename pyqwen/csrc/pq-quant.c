@@ -25,6 +25,9 @@ int64_t pq_quantize(int32_t type, const float * src, void * dst, int64_t n_rows,
     if (ggml_quantize_requires_imatrix((enum ggml_type) type)) {
         return pq_fail("%s needs an importance matrix", ggml_type_name((enum ggml_type) type));
     }
+    if (ggml_is_quantized((enum ggml_type) type) && !ggml_get_type_traits((enum ggml_type) type)->from_float_ref) {
+        return pq_fail("%s has no quantizer (it is only made by pyqwen-convert)", ggml_type_name((enum ggml_type) type));
+    }
     ggml_quantize_init((enum ggml_type) type);
     return (int64_t) ggml_quantize_chunk((enum ggml_type) type, src, dst, 0, n_rows, n_per_row, NULL);
 }

@@ -117,6 +117,16 @@ PQ_API int pq_sample_logits(const float * logits, int32_t n_vocab, const pq_samp
 PQ_API int64_t pq_quantize(int32_t type, const float * src, void * dst, int64_t n_rows, int64_t n_per_row);
 PQ_API int     pq_dequantize(int32_t type, const void * src, float * dst, int64_t n);
 PQ_API int64_t pq_type_row_size(int32_t type, int64_t n_per_row);
+/* GGML_TYPE_PQ_W4A8 (ggml-patches/): attach a 16-entry codebook (NULL: the uniform code - 8) to
+ * n_blocks blocks, as the loader does with the pyqwen.w4a8.codebook.<tensor> metadata. */
+PQ_API int pq_w4a8_set_codebook(void * blocks, int64_t n_blocks, const float * codebook);
+/* One-node CPU graphs for the tests: x -> x·H per n columns (GGML_OP_PYQWEN_HADAMARD), and the
+ * product of n_rows weight rows of a ggml type with n_cols activation columns, the activations
+ * first rotated when hadamard > 0 (what the model graph does for rotated weights);
+ * out is n_cols x n_rows. */
+PQ_API int pq_hadamard(const float * x, int64_t n_per_row, int64_t n_rows, int32_t n, float * out);
+PQ_API int pq_mul_mat(int32_t type, const void * w, int64_t n_rows, int64_t n_per_row, const float * x, int64_t n_cols,
+                      int32_t hadamard, float * out);
 /* PYQWEN_CDEF_END */
 
 #ifdef __cplusplus

@@ -1,4 +1,5 @@
-// pyqwen additions to ggml: ops that are not upstream, registered by ggml-patches/*.patch.
+// pyqwen additions to ggml: ops and a weight type that are not upstream, registered by
+// ggml-patches/*.patch.
 //
 // GGML_OP_PYQWEN_SAMPLE picks one token per row of logits inside the graph, so that decoding
 // reads back one int32 instead of a row of n_vocab floats. The sampler is llama.cpp's chain in
@@ -38,6 +39,35 @@ extern "C" {
             struct ggml_tensor  * logits,
             struct ggml_tensor  * params,
             struct ggml_tensor  * history);
+
+    // GGML_TYPE_PQ_W4A8 keeps ComfyUI's `asym_w4a8_int8` weights (symmetric, codebook) at 4 bits.
+    // A block holds 256 columns of one row: the channel scale d (f32, the same in every block of a
+    // row), a codebook id, one e4m3fn relative scale per 16 columns and the 4-bit codes (byte j:
+    // column 2j in the low nibble, 2j+1 in the high one). Column c decodes to the int8 grid value
+    //     L = clamp(round(codebook[code] * e4m3(sr[c / 16])), -127, 127)      (float32, half to even)
+    // times d, exactly as ComfyUI's kernels do; the weight is usually stored in the Hadamard basis
+    // (see ggml_pyqwen_hadamard). Id 0 is the uniform code (code - 8); other ids come from
+    // ggml_pyqwen_w4a8_codebook() and live in a process-wide table, because a block has no room for
+    // a 16-entry codebook and ggml's kernels only see block data. A NaN scale decodes to NaN.
+    // Matrix products quantize the activations to Q8_0, as for Q8_0 weights.
+    enum { GGML_PYQWEN_W4A8_BLOCK = 256 };
+
+    // Id of a 16-entry codebook (registered on first use, equal tables share an id), or -1 if an
+    // entry is not finite or the table of codebooks is full.
+    GGML_API int32_t ggml_pyqwen_w4a8_codebook(const float codebook[16]);
+    // Writes codebook id `id` into every block of `data` (n_blocks blocks).
+    GGML_API void    ggml_pyqwen_w4a8_set_codebook(void * data, int64_t n_blocks, int32_t id);
+
+    // x -> x·H on each run of n consecutive elements of every row, where H = (⊗ H4) / sqrt(n) is
+    // the symmetric orthogonal "regular" Hadamard matrix of ComfyUI's ConvRot (n a power of 4,
+    // H4 = [[1,1,1,-1],[1,1,-1,1],[1,-1,1,1],[-1,1,1,1]]). A weight W stored as W_rot = W·H (per n
+    // columns) gives W·x = W_rot·(H·x), so the rotation goes to the activations.
+    //   a       F32 [ne0, ...], ne0 a multiple of n, rows contiguous
+    //   result  F32, the shape of a, contiguous
+    GGML_API struct ggml_tensor * ggml_pyqwen_hadamard(
+            struct ggml_context * ctx,
+            struct ggml_tensor  * a,
+            int                   n);
 
 #ifdef __cplusplus
 }
