@@ -104,6 +104,7 @@ TYPES: dict[str, tuple[str, str]] = {
     "f16": ("F16", "MOSTLY_F16"),
 }
 
+ARCH_DENSE = "qwen35"
 ARCH_MOE = "qwen35moe"
 SEED_KEY = "pyqwen.synthetic.seed"
 TYPE_KEY = "pyqwen.synthetic.type"
@@ -332,7 +333,7 @@ def plan(shape: str | dict[str, Any], wtype: str, *, mtp: bool = False, seed: in
     if moe:
         dense_cfg["intermediate_size"] = cfg["moe_intermediate_size"]  # dense FFN tensors are replaced below
     try:
-        p = qwen35.params_from_config(dense_cfg)
+        p = qwen35.params_from_config(dense_cfg, "Qwen3_5ForCausalLM")
     except ConversionError as e:
         raise ValueError(str(e)) from None
     n_mtp = p.n_mtp_config if mtp else 0
@@ -348,7 +349,7 @@ def plan(shape: str | dict[str, Any], wtype: str, *, mtp: bool = False, seed: in
         names_shapes.append((m.gguf_name, qwen35.output_shape(m.role, m.hf_shape)))
     types = assign_types(names_shapes, wtype, tied=p.tie_word_embeddings, n_blocks=p.n_layer + n_mtp, moe=moe)
     tensors = [SynthTensor(n, s, t, _init_of(n), (seed, k)) for k, ((n, s), t) in enumerate(zip(names_shapes, types))]
-    return Plan(name, ARCH_MOE if moe else qwen35.ARCH, p, cfg, n_mtp, wtype, seed, tensors)
+    return Plan(name, ARCH_MOE if moe else ARCH_DENSE, p, cfg, n_mtp, wtype, seed, tensors)
 
 
 def _hparams(pl: Plan) -> list[tuple[str, Any, Any]]:
@@ -356,13 +357,13 @@ def _hparams(pl: Plan) -> list[tuple[str, Any, Any]]:
     expert keys where upstream's converter writes them (TextModel, Qwen2MoeModel)."""
     file_type = int(gguf.LlamaFileType[TYPES[pl.wtype][1]])
     kv = qwen35.gguf_hparams(pl.params, n_mtp=pl.n_mtp, file_type=file_type)
-    if pl.arch == qwen35.ARCH:
+    if pl.arch == ARCH_DENSE:
         return kv
     a, cfg = pl.arch, pl.config
     out = []
     for key, vt, value in kv:
-        if key.startswith(qwen35.ARCH + "."):
-            key = a + key[len(qwen35.ARCH):]
+        if key.startswith(ARCH_DENSE + "."):
+            key = a + key[len(ARCH_DENSE):]
         if key == f"{a}.feed_forward_length":
             continue
         out.append((key, vt, value))
