@@ -2,7 +2,8 @@
 # Build, check and time the interleaved skinny GEMV on a CUDA GPU in one go (bench/gemv/README.md).
 #   bench/gemv/run.sh [--quick]
 # Needs nvcc and the extracted ggml tree (vendor/ggml, from vendor/prepare_ggml.py). Upstream's
-# mmvq.cu + quantize.cu are compiled beside it for the comparison; if that fails the harness runs alone.
+# mmvq.cu + quantize.cu are compiled beside it for the comparison (about a minute, the slow part of the
+# build; GEMV_UPSTREAM=0 skips it); if that fails the harness runs alone.
 # Logs and the SASS of the kernels go to $OUT (or the build folder).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -15,8 +16,12 @@ mkdir -p "$B" "$LOG"
 
 FLAGS="-std=c++17 -O3 -arch=sm_$ARCH -use_fast_math -extended-lambda -I$G/include -I$G/src -I$G/src/ggml-cuda -Ibench/gemv ${GEMV_NVCC_FLAGS:-}"
 t0=$(date +%s)
-nvcc $FLAGS -c $G/src/ggml-cuda/mmvq.cu     -o $B/mmvq.o     > $B/mmvq.log 2>&1 & up1=$!
-nvcc $FLAGS -c $G/src/ggml-cuda/quantize.cu -o $B/quantize.o > $B/quantize.log 2>&1 & up2=$!
+if [ "${GEMV_UPSTREAM:-1}" = 1 ]; then
+    nvcc $FLAGS -c $G/src/ggml-cuda/mmvq.cu     -o $B/mmvq.o     > $B/mmvq.log 2>&1 & up1=$!
+    nvcc $FLAGS -c $G/src/ggml-cuda/quantize.cu -o $B/quantize.o > $B/quantize.log 2>&1 & up2=$!
+else
+    false & up1=$!; up2=$up1
+fi
 nvcc $FLAGS -Xcompiler -O3,-pthread -Xptxas -v -DGEMV_BENCH_UPSTREAM -c bench/gemv/gemv_bench.cu -o $B/gemv_bench_up.o 2> $LOG/ptxas.txt & ours=$!
 nvcc $FLAGS -Xcompiler -O3,-pthread -c bench/gemv/gemv_bench.cu -o $B/gemv_bench.o
 c++ -O2 -std=c++17 -pthread bench/gemv/gemv_il_cpu_test.cpp -o $B/gemv_il_cpu_test
