@@ -1,9 +1,10 @@
 // gemv-il.cuh: skinny linear Y[M, N] = X[M, K] W[N, K]^T for M = 1..8 token rows on int8 tensor cores,
-// over Q4_0 / Q8_0 weights re-laid out once into gemv-il-layout.h's interleaved tiles.
+// over Q4_0 / Q8_0 / Q4_K weights re-laid out once into gemv-il-layout.h's interleaved tiles.
 //
 // One mma.m16n8k32 (s8 x s8 -> s32) multiplies a 32-block of 16 weight rows with the same block of
 // the 8 token rows, so 8 tokens cost what 1 costs: the work per weight byte does not depend on M.
-// Each block's int32 product is scaled by its fp16 weight scale and float activation scale in fp32.
+// Each block's int32 product is scaled by its weight scale and float activation scale in fp32 (Q4_K:
+// plus its min times the activation block sum).
 // A CTA owns one 16-row tile; its warps split K (chunk c goes to warp c % nwarps) and add up their
 // partial sums in shared memory at the end. Weights are read once, as 16-byte streaming loads that
 // skip L1; the activations (9*K bytes) are read by every CTA and stay in L1/L2.
@@ -87,17 +88,52 @@ static __device__ void gemv_il_gather_chunk(gemv_il_chunk<type> & r, const uint8
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
         const int si0 = lane*4 + 2*h;
-        const uint32_t lo = gemv_il_gather_bytes(rows, nrows, gemv_il_scale_src(si0).row,     gemv_il_scale_src_offset(type, k, c, si0),     2);
-        const uint32_t hi = gemv_il_gather_bytes(rows, nrows, gemv_il_scale_src(si0 + 1).row, gemv_il_scale_src_offset(type, k, c, si0 + 1), 2);
+        const uint32_t lo = gemv_il_gather_bytes(rows, nrows, gemv_il_scale_src(type, si0).row,     gemv_il_scale_src_offset(type, k, c, si0),     2);
+        const uint32_t hi = gemv_il_gather_bytes(rows, nrows, gemv_il_scale_src(type, si0 + 1).row, gemv_il_scale_src_offset(type, k, c, si0 + 1), 2);
         r.s[h] = lo | (hi << 16);
     }
 }
 
-// acc (rows g, g+8 x tokens 2t, 2t+1, the mma's C layout) += this chunk's 8 blocks.
+static __device__ __forceinline__ float2 gemv_il_half2_bits_to_float2(const uint32_t bits) {
+    half2 h;
+    memcpy(&h, &bits, sizeof(h));
+    return __half22float2(h);
+}
+
+// Q4_K: lane 4g + t decodes the scales and mins of sub-blocks 2t, 2t+1 for rows g and g+8 (from the
+// headers its group holds), as ka = d*sc and kb = 16*(8*d*sc - dmin*m); the MMA sees 16*(q - 8), so
+// 16 * (w . x) = c * ka * d_x + kb * s_x per sub-block.
+template <int type>
+static __device__ __forceinline__ void gemv_il_q4_k_scales(const gemv_il_chunk<type> & r, const int lane, float ka[2][2], float kb[2][2]) {
+#pragma unroll
+    for (int rr = 0; rr < 2; ++rr) {
+        uint32_t hdr[4];  // d|dmin, then the 12 scale bytes
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+            hdr[2*half + 0] = __shfl_sync(0xFFFFFFFF, r.s[0], (lane & ~3) | (2*rr + half));
+            hdr[2*half + 1] = __shfl_sync(0xFFFFFFFF, r.s[1], (lane & ~3) | (2*rr + half));
+        }
+        const float2 dm = gemv_il_half2_bits_to_float2(hdr[0]);
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+            int sc, m;
+            gemv_il_q4_k_scale_min(hdr + 1, 2*(lane & 3) + i, sc, m);
+            ka[i][rr] = dm.x*sc;
+            kb[i][rr] = 128.0f*dm.x*sc - 16.0f*dm.y*m;
+        }
+    }
+}
+
+// acc (rows g, g+8 x tokens 2t, 2t+1, the mma's C layout) += this chunk's 8 blocks of 32.
+// xs: the chunk's activation scales; xsum: their block sums (Q4_K only).
 template <int type>
 static __device__ __forceinline__ void gemv_il_chunk_dot(const gemv_il_chunk<type> & r, const uint8_t * xq, const float * xs,
-                                                         const int lane, float acc[4]) {
+                                                         const float * xsum, const int lane, float acc[4]) {
     using namespace ggml_cuda_mma;
+    [[maybe_unused]] float ka[2][2], kb[2][2];
+    if constexpr (type == GEMV_IL_Q4_K) {
+        gemv_il_q4_k_scales(r, lane, ka, kb);
+    }
 #pragma unroll
     for (int jp = 0; jp < GEMV_IL_CHUNK_BLOCKS/2; ++jp) {
         const uint4  xa = __ldg((const uint4  *) (xq + jp*GEMV_IL_WARP_LOAD + lane*16));
@@ -105,30 +141,42 @@ static __device__ __forceinline__ void gemv_il_chunk_dot(const gemv_il_chunk<typ
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
             tile<16, 8, int> A;
-            gemv_il_frag_a(type, r.q[type == GEMV_IL_Q4_0 ? jp : 2*jp + h], h, (uint32_t *) A.x);
+            gemv_il_frag_a(type, r.q[type == GEMV_IL_Q8_0 ? 2*jp + h : jp], h, (uint32_t *) A.x);
             tile<8, 8, int> B;
             B.x[0] = h ? xa.z : xa.x;
             B.x[1] = h ? xa.w : xa.y;
             tile<16, 8, int> D;
             mma(D, A, B);
 
-            const uint32_t dw_bits = __shfl_sync(0xFFFFFFFF, r.s[h], (lane & ~3) | jp);
-            half2 dw_h2;
-            memcpy(&dw_h2, &dw_bits, sizeof(dw_h2));
-            const float2 dw  = __half22float2(dw_h2);
-            const float  dx0 = h ? xd.z : xd.x;
-            const float  dx1 = h ? xd.w : xd.y;
-            acc[0] += (float) D.x[0] * (dw.x*dx0);
-            acc[1] += (float) D.x[1] * (dw.x*dx1);
-            acc[2] += (float) D.x[2] * (dw.y*dx0);
-            acc[3] += (float) D.x[3] * (dw.y*dx1);
+            // block 2jp + h: its scales sit in lane 4g + jp
+            const int   src = (lane & ~3) | jp;
+            const float dx0 = h ? xd.z : xd.x;
+            const float dx1 = h ? xd.w : xd.y;
+            if constexpr (type == GEMV_IL_Q4_K) {
+                const float4 xm  = __ldg((const float4 *) (xsum + jp*16 + (lane & 3)*4));
+                const float  sx0 = h ? xm.z : xm.x;
+                const float  sx1 = h ? xm.w : xm.y;
+                const float  a0  = __shfl_sync(0xFFFFFFFF, ka[h][0], src), a1 = __shfl_sync(0xFFFFFFFF, ka[h][1], src);
+                const float  b0  = __shfl_sync(0xFFFFFFFF, kb[h][0], src), b1 = __shfl_sync(0xFFFFFFFF, kb[h][1], src);
+                acc[0] += (float) D.x[0] * (a0*dx0) + b0*sx0;
+                acc[1] += (float) D.x[1] * (a0*dx1) + b0*sx1;
+                acc[2] += (float) D.x[2] * (a1*dx0) + b1*sx0;
+                acc[3] += (float) D.x[3] * (a1*dx1) + b1*sx1;
+            } else {
+                const float2 dw = gemv_il_half2_bits_to_float2(__shfl_sync(0xFFFFFFFF, r.s[h], src));
+                acc[0] += (float) D.x[0] * (dw.x*dx0);
+                acc[1] += (float) D.x[1] * (dw.x*dx1);
+                acc[2] += (float) D.x[2] * (dw.y*dx0);
+                acc[3] += (float) D.x[3] * (dw.y*dx1);
+            }
         }
     }
 }
 
 // grid (ceil(n/16)), block (32 * nwarps, nwarps <= GEMV_IL_MAX_WARPS); dst[tok*stride_dst + row].
-// U: chunks a warp loads before it uses them.
-template <int type, int U>
+// S: register stages per warp. With S = 1 a warp loads its next chunk after using the current one;
+// with S = 2 the next load is in flight while it computes (twice the registers for the weights).
+template <int type, int S>
 static __global__ void __launch_bounds__(GEMV_IL_MAX_WARPS*WARP_SIZE)
 gemv_il_mul_mat(const uint8_t * w, const uint8_t * xq, const float * xs, float * dst,
                 const int n, const int k, const int m, const int64_t stride_dst) {
@@ -138,41 +186,39 @@ gemv_il_mul_mat(const uint8_t * w, const uint8_t * xq, const float * xs, float *
     const int nchunks = k / GEMV_IL_CHUNK_K;
     const int row0    = blockIdx.x*GEMV_IL_TILE_ROWS;
     const int nrows   = min(n - row0, GEMV_IL_TILE_ROWS);
+    const float * xsum = xs + gemv_il_xs_count(k);
     // full tiles and the partial last tile's ggml rows both start here
     const uint8_t * tile = w + (int64_t) blockIdx.x*gemv_il_tile_bytes(type, k);
 
-    gemv_il_chunk<type> r[U];
-    const auto load = [&](const int c0) {
-#pragma unroll
-        for (int u = 0; u < U; ++u) {
-            const int c = c0 + u*nwarps;
-            if (c >= nchunks) {
-                break;
-            }
-            if (nrows == GEMV_IL_TILE_ROWS) {
-                gemv_il_load_chunk<type>(r[u], tile + (int64_t) c*gemv_il_chunk_bytes(type), lane);
-            } else {
-                gemv_il_gather_chunk<type>(r[u], tile, nrows, k, c, lane);
-            }
+    const auto load = [&](gemv_il_chunk<type> & r, const int c) {
+        if (c >= nchunks) {
+            return;
+        }
+        if (nrows == GEMV_IL_TILE_ROWS) {
+            gemv_il_load_chunk<type>(r, tile + (int64_t) c*gemv_il_chunk_bytes(type), lane);
+        } else {
+            gemv_il_gather_chunk<type>(r, tile, nrows, k, c, lane);
         }
     };
 
     // The weights do not depend on the previous kernel: their first loads overlap its tail.
-    load(warp);
+    gemv_il_chunk<type> r[S];
+#pragma unroll
+    for (int s = 0; s < S; ++s) {
+        load(r[s], warp + s*nwarps);
+    }
     ggml_cuda_pdl_sync();
 
     float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    for (int c0 = warp; c0 < nchunks; c0 += U*nwarps) {
+    for (int c0 = warp; c0 < nchunks; c0 += S*nwarps) {
 #pragma unroll
-        for (int u = 0; u < U; ++u) {
-            const int c = c0 + u*nwarps;
+        for (int s = 0; s < S; ++s) {
+            const int c = c0 + s*nwarps;
             if (c < nchunks) {
-                gemv_il_chunk_dot<type>(r[u], xq + (int64_t) c*(GEMV_IL_CHUNK_K*GEMV_IL_MAX_TOKENS),
-                                        xs + (int64_t) c*(GEMV_IL_CHUNK_BLOCKS*GEMV_IL_MAX_TOKENS), lane, acc);
+                const int64_t cs = (int64_t) c*(GEMV_IL_CHUNK_BLOCKS*GEMV_IL_MAX_TOKENS);
+                gemv_il_chunk_dot<type>(r[s], xq + (int64_t) c*(GEMV_IL_CHUNK_K*GEMV_IL_MAX_TOKENS), xs + cs, xsum + cs, lane, acc);
             }
-        }
-        if (c0 + U*nwarps < nchunks) {
-            load(c0 + U*nwarps);
+            load(r[s], c + S*nwarps);
         }
     }
     ggml_cuda_pdl_lc();
@@ -198,8 +244,9 @@ gemv_il_mul_mat(const uint8_t * w, const uint8_t * xq, const float * xs, float *
     }
 }
 
-// grid (k/32), block 256 = 8 warps = the 8 token rows (rows >= m are written as zeros). x[tok*stride_x + i].
-// IEEE divisions on purpose: ggml builds with -use_fast_math, and the CPU reference must get the same codes.
+// grid (k/32), block 256 = 8 warps = the 8 token rows (rows >= m are written as zeros). x[tok*stride_x + i];
+// xs holds gemv_il_xs_count(k) scales, then as many sums. IEEE divisions on purpose: ggml builds with
+// -use_fast_math, and the CPU reference must get the same codes.
 static __global__ void __launch_bounds__(GEMV_IL_MAX_TOKENS*WARP_SIZE)
 gemv_il_quantize(const float * x, const int64_t stride_x, const int m, uint8_t * xq, float * xs) {
     ggml_cuda_pdl_lc();
@@ -212,9 +259,11 @@ gemv_il_quantize(const float * x, const int64_t stride_x, const int m, uint8_t *
     const float amax = warp_reduce_max(fabsf(v));
     const float d    = __fdiv_rn(amax, 127.0f);
     const int   q    = amax == 0.0f ? 0 : (int) roundf(__fdiv_rn(v, d));
+    const int   qsum = warp_reduce_sum(q);
     xq[gemv_il_xq_offset(tok, b, kk)] = (uint8_t) (int8_t) q;
     if (kk == 0) {
         xs[gemv_il_xs_index(tok, b)] = d;
+        xs[GEMV_IL_MAX_TOKENS*gridDim.x + gemv_il_xs_index(tok, b)] = d*(float) qsum;
     }
 }
 
@@ -252,11 +301,9 @@ static void gemv_il_relayout_inplace_cuda(const int type, uint8_t * data, const 
         const int64_t nt = std::min(per_batch, ntiles - t0);
         CUDA_CHECK(cudaMemcpyAsync(scratch, data + t0*tile_bytes, nt*tile_bytes, cudaMemcpyDeviceToDevice, stream));
         const int nblocks = (int) std::min<int64_t>(4096, (nt*tile_bytes/4 + 255)/256);
-        if (type == GEMV_IL_Q4_0) {
-            gemv_il_relayout<GEMV_IL_Q4_0><<<nblocks, 256, 0, stream>>>(scratch, data + t0*tile_bytes, k, nt, inverse);
-        } else {
-            gemv_il_relayout<GEMV_IL_Q8_0><<<nblocks, 256, 0, stream>>>(scratch, data + t0*tile_bytes, k, nt, inverse);
-        }
+        const auto kernel = type == GEMV_IL_Q4_0 ? gemv_il_relayout<GEMV_IL_Q4_0> :
+                            type == GEMV_IL_Q8_0 ? gemv_il_relayout<GEMV_IL_Q8_0> : gemv_il_relayout<GEMV_IL_Q4_K>;
+        kernel<<<nblocks, 256, 0, stream>>>(scratch, data + t0*tile_bytes, k, nt, inverse);
         CUDA_CHECK(cudaGetLastError());
     }
 }

@@ -47,8 +47,15 @@ void ggml_abort(const char * file, int line, const char * fmt, ...) {
     va_end(ap);
     exit(1);
 }
-int64_t ggml_blck_size(enum ggml_type type) { return type == GGML_TYPE_Q4_0 || type == GGML_TYPE_Q8_0 ? 32 : (GGML_ABORT("type"), 0); }
-size_t  ggml_type_size(enum ggml_type type) { return type == GGML_TYPE_Q4_0 ? 18 : type == GGML_TYPE_Q8_0 ? 34 : (GGML_ABORT("type"), 0); }
+static ggml_type ggml_type_of(int type) { return type == GEMV_IL_Q4_0 ? GGML_TYPE_Q4_0 : type == GEMV_IL_Q8_0 ? GGML_TYPE_Q8_0 : GGML_TYPE_Q4_K; }
+int64_t ggml_blck_size(enum ggml_type type) {
+    for (int t : {GEMV_IL_Q4_0, GEMV_IL_Q8_0, GEMV_IL_Q4_K}) if (ggml_type_of(t) == type) return gemv_il_block_k(t);
+    GGML_ABORT("type %d", (int) type);
+}
+size_t ggml_type_size(enum ggml_type type) {
+    for (int t : {GEMV_IL_Q4_0, GEMV_IL_Q8_0, GEMV_IL_Q4_K}) if (ggml_type_of(t) == type) return gemv_il_block_bytes(t);
+    GGML_ABORT("type %d", (int) type);
+}
 // referenced by upstream's whole-op entry points, which this harness does not call
 bool    ggml_is_quantized(enum ggml_type)                                      { GGML_ABORT("unused"); }
 bool    ggml_is_contiguous(const ggml_tensor *)                                { GGML_ABORT("unused"); }
@@ -62,7 +69,7 @@ std::unique_ptr<ggml_cuda_pool> ggml_backend_cuda_context::new_pool_for_device(i
 
 // ---- harness ----
 
-static const char * type_name(int type) { return type == GEMV_IL_Q4_0 ? "q4_0" : "q8_0"; }
+static const char * type_name(int type) { return type == GEMV_IL_Q4_0 ? "q4_0" : type == GEMV_IL_Q8_0 ? "q8_0" : "q4_k"; }
 
 struct dev_buf {
     void * p = nullptr;
@@ -76,15 +83,19 @@ static void launch_quantize(const float * x, int k, int m, uint8_t * xq, float *
                             x, (int64_t) k, m, xq, xs);
 }
 
-// The kernel variants built here: (type, chunks loaded per step). U = 1 is the default.
+// The kernel variants built here: (type, register stages S). S = GEMV_BENCH_S is the default.
+#ifndef GEMV_BENCH_S
+#define GEMV_BENCH_S 1
+#endif
 using gemv_kernel_t = void (*)(const uint8_t *, const uint8_t *, const float *, float *, int, int, int, int64_t);
-static gemv_kernel_t gemv_kernel(int type, int u) {
-    if (type == GEMV_IL_Q4_0) {
-        return u == 1 ? gemv_il_mul_mat<GEMV_IL_Q4_0, 1> : gemv_il_mul_mat<GEMV_IL_Q4_0, 2>;
+static gemv_kernel_t gemv_kernel(int type, int s) {
+    switch (type) {
+        case GEMV_IL_Q4_0: return s == 1 ? gemv_il_mul_mat<GEMV_IL_Q4_0, 1> : gemv_il_mul_mat<GEMV_IL_Q4_0, 2>;
+        case GEMV_IL_Q8_0: return s == 1 ? gemv_il_mul_mat<GEMV_IL_Q8_0, 1> : gemv_il_mul_mat<GEMV_IL_Q8_0, 2>;
+        default:           return s == 1 ? gemv_il_mul_mat<GEMV_IL_Q4_K, 1> : gemv_il_mul_mat<GEMV_IL_Q4_K, 2>;
     }
-    return gemv_il_mul_mat<GEMV_IL_Q8_0, 1>;
 }
-static std::vector<int> gemv_variants(int type) { return type == GEMV_IL_Q4_0 ? std::vector<int>{1, 2} : std::vector<int>{1}; }
+static const std::vector<int> gemv_stages = {1, 2};
 
 static void launch_gemv(int type, int u, const uint8_t * w, const uint8_t * xq, const float * xs, float * y, int n, int k, int m, int nwarps, cudaStream_t st) {
     const ggml_cuda_kernel_launch_params p(dim3((n + 15)/16), dim3(nwarps*WARP_SIZE), 0, st);
@@ -94,7 +105,7 @@ static void launch_gemv(int type, int u, const uint8_t * w, const uint8_t * xq, 
 static int pick_nwarps(int type, int64_t n, int64_t k) {
     return gemv_il_pick_nwarps(n, k, g_prop.multiProcessorCount, [type](int nw) {
         int c = 0;
-        CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&c, gemv_kernel(type, 1), nw*WARP_SIZE, 0));
+        CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&c, gemv_kernel(type, GEMV_BENCH_S), nw*WARP_SIZE, 0));
         return c;
     });
 }
@@ -105,7 +116,7 @@ static void launch_upstream(ggml_backend_cuda_context & ctx, int type, const uin
                             int n, int k, int m, cudaStream_t st) {
     const int64_t kpad = GGML_PAD(k, MATRIX_ROW_PADDING);
     ggml_tensor src0 = {}, src1 = {}, dst = {};
-    src0.type = type == GEMV_IL_Q4_0 ? GGML_TYPE_Q4_0 : GGML_TYPE_Q8_0;
+    src0.type = ggml_type_of(type);
     src0.ne[0] = k; src0.ne[1] = n;
     src1.type = GGML_TYPE_F32; src1.ne[0] = k; src1.ne[1] = m;
     dst.type  = GGML_TYPE_F32; dst.ne[0] = n;  dst.ne[1] = m;
@@ -221,11 +232,11 @@ static void run_shape(int type, const shape & sh, uint64_t seed, cudaStream_t st
 
     // reference: every output of the 8 token rows, float64
     std::vector<int8_t> q((size_t) GEMV_IL_MAX_TOKENS*k);
-    std::vector<float> d((size_t) GEMV_IL_MAX_TOKENS*(k/32));
-    ref_quantize(k, GEMV_IL_MAX_TOKENS, x.data(), q.data(), d.data());
+    std::vector<float> d((size_t) GEMV_IL_MAX_TOKENS*(k/32)), sum(d.size());
+    ref_quantize(k, GEMV_IL_MAX_TOKENS, x.data(), q.data(), d.data(), sum.data());
     const ref_result ref = ref_mul_mat(type, n, k, w.data(), x.data(), q.data(), d.data());
 
-    dev_buf d_x(x.size()*4), d_xq(gemv_il_xq_bytes(k)), d_xs(gemv_il_xs_count(k)*4), d_y((size_t) GEMV_IL_MAX_TOKENS*n*4);
+    dev_buf d_x(x.size()*4), d_xq(gemv_il_xq_bytes(k)), d_xs(2*gemv_il_xs_count(k)*4), d_y((size_t) GEMV_IL_MAX_TOKENS*n*4);
     CUDA_CHECK(cudaMemcpyAsync(d_x.p, x.data(), x.size()*4, cudaMemcpyHostToDevice, st));
     const uint32_t poison = 0xFFFFFFFFu;  // a NaN
     std::vector<float> y((size_t) GEMV_IL_MAX_TOKENS*n);
@@ -234,10 +245,10 @@ static void run_shape(int type, const shape & sh, uint64_t seed, cudaStream_t st
     for (int m = 1; m <= GEMV_IL_MAX_TOKENS; ++m) {
         // the device quantization must give the host's codes bit for bit (rows >= m zero)
         std::vector<int8_t> qm(q.size());
-        std::vector<float> dm(d.size()), xs_host(gemv_il_xs_count(k)), xs_dev(xs_host.size());
+        std::vector<float> dm(d.size()), sm(d.size()), xs_host(2*gemv_il_xs_count(k)), xs_dev(xs_host.size());
         std::vector<uint8_t> xq_host(gemv_il_xq_bytes(k)), xq_dev(xq_host.size());
-        ref_quantize(k, m, x.data(), qm.data(), dm.data());
-        ref_interleave_activations(k, qm.data(), dm.data(), xq_host.data(), xs_host.data());
+        ref_quantize(k, m, x.data(), qm.data(), dm.data(), sm.data());
+        ref_interleave_activations(k, qm.data(), dm.data(), sm.data(), xq_host.data(), xs_host.data());
         CUDA_CHECK(cudaMemsetAsync(d_xq.p, 0x55, xq_host.size(), st));
         launch_quantize(d_x.as<float>(), k, m, d_xq.as<uint8_t>(), d_xs.as<float>(), st);
         CUDA_CHECK(cudaGetLastError());
@@ -246,13 +257,13 @@ static void run_shape(int type, const shape & sh, uint64_t seed, cudaStream_t st
         CUDA_CHECK(cudaStreamSynchronize(st));
         const bool qok = xq_dev == xq_host && memcmp(xs_dev.data(), xs_host.data(), xs_host.size()*4) == 0;
         if (!qok || m == GEMV_IL_MAX_TOKENS) {
-            report(qok, "%s k=%d n=%d m=%d: device activation codes and scales equal the host's", tn, k, n, m);
+            report(qok, "%s k=%d n=%d m=%d: device activation codes, scales and sums equal the host's", tn, k, n, m);
         }
 
         // every variant and K split at m = 1 and 8, the default one at every m
-        for (int u : gemv_variants(type)) {
+        for (int u : gemv_stages) {
             for (int nw = 1; nw <= GEMV_IL_MAX_WARPS; nw *= 2) {
-                const bool deflt = u == 1 && nw == nw_auto;
+                const bool deflt = u == GEMV_BENCH_S && nw == nw_auto;
                 if (!deflt && m != 1 && m != GEMV_IL_MAX_TOKENS) continue;
                 CUDA_CHECK(cudaMemsetAsync(d_y.p, 0xFF, y.size()*4, st));
                 launch_gemv(type, u, d_il.as<uint8_t>(), d_xq.as<uint8_t>(), d_xs.as<float>(), d_y.as<float>(), n, k, m, nw, st);
@@ -261,7 +272,7 @@ static void run_shape(int type, const shape & sh, uint64_t seed, cudaStream_t st
                 CUDA_CHECK(cudaStreamSynchronize(st));
                 const ref_check c = ref_compare(ref, n, m, y.data(), poison);
                 if (!c.ok || deflt) {
-                    report(c.ok, "%s k=%d n=%d m=%d U=%d nwarps=%d: rel err %.2e vs same-quantized float64, %.2e vs float activations, %lld bad",
+                    report(c.ok, "%s k=%d n=%d m=%d S=%d nwarps=%d: rel err %.2e vs same-quantized float64, %.2e vs float activations, %lld bad",
                            tn, k, n, m, u, nw, c.err_q, c.err_f, (long long) c.bad);
                 } else {
                     ++g_passed;
@@ -307,11 +318,11 @@ static void run_shape(int type, const shape & sh, uint64_t seed, cudaStream_t st
         row.nwarps = nw_auto;
         launch_quantize(d_x.as<float>(), k, m, d_xq.as<uint8_t>(), d_xs.as<float>(), st);
         row.ours_us = time_graph(st, len, [&](int i) {
-            launch_gemv(type, 1, rot_il[i % nrot]->as<uint8_t>(), d_xq.as<uint8_t>(), d_xs.as<float>(), d_y.as<float>(), n, k, m, nw_auto, st);
+            launch_gemv(type, GEMV_BENCH_S, rot_il[i % nrot]->as<uint8_t>(), d_xq.as<uint8_t>(), d_xs.as<float>(), d_y.as<float>(), n, k, m, nw_auto, st);
         });
         row.ours_q_us = time_graph(st, len, [&](int i) {
             launch_quantize(d_x.as<float>(), k, m, d_xq.as<uint8_t>(), d_xs.as<float>(), st);
-            launch_gemv(type, 1, rot_il[i % nrot]->as<uint8_t>(), d_xq.as<uint8_t>(), d_xs.as<float>(), d_y.as<float>(), n, k, m, nw_auto, st);
+            launch_gemv(type, GEMV_BENCH_S, rot_il[i % nrot]->as<uint8_t>(), d_xq.as<uint8_t>(), d_xs.as<float>(), d_y.as<float>(), n, k, m, nw_auto, st);
         });
 #ifdef GEMV_BENCH_UPSTREAM
         row.up_us = time_graph(st, len, [&](int i) {
@@ -319,13 +330,13 @@ static void run_shape(int type, const shape & sh, uint64_t seed, cudaStream_t st
         });
 #endif
         if (m == 1 || m == GEMV_IL_MAX_TOKENS) {
-            for (int u : gemv_variants(type)) {
+            for (int u : gemv_stages) {
                 for (int nw = 1; nw <= GEMV_IL_MAX_WARPS; nw *= 2) {
                     const double us = time_graph(st, len, [&](int i) {
                         launch_gemv(type, u, rot_il[i % nrot]->as<uint8_t>(), d_xq.as<uint8_t>(), d_xs.as<float>(), d_y.as<float>(), n, k, m, nw, st);
                     });
-                    printf("     sweep %s k=%d n=%d m=%d U=%d nwarps=%2d: %8.2f us  %6.0f GB/s%s\n", tn, k, n, m, u, nw, us, wbytes/us*1e-3,
-                           u == 1 && nw == nw_auto ? "  (default)" : "");
+                    printf("     sweep %s k=%d n=%d m=%d S=%d nwarps=%2d: %8.2f us  %6.0f GB/s%s\n", tn, k, n, m, u, nw, us, wbytes/us*1e-3,
+                           u == GEMV_BENCH_S && nw == nw_auto ? "  (default)" : "");
                 }
             }
         }
@@ -351,7 +362,7 @@ int main(int argc, char ** argv) {
     };
     std::vector<result_row> rows;
     uint64_t seed = 42;
-    for (int type : {GEMV_IL_Q4_0, GEMV_IL_Q8_0}) {
+    for (int type : {GEMV_IL_Q4_0, GEMV_IL_Q4_K, GEMV_IL_Q8_0}) {
         for (const shape & sh : shapes) {
             if (quick && sh.timed) continue;
             run_shape(type, sh, ++seed, st, rows, up_ctx);

@@ -62,21 +62,38 @@ static void emulate_load(int type, const uint8_t * tile, int nrows, int64_t k, i
         for (int h = 0; h < 2; ++h) {
             uint16_t lo = 0, hi = 0;
             const int si = lane*4 + 2*h;
-            if (gemv_il_scale_src(si).row < nrows)     memcpy(&lo, tile + gemv_il_scale_src_offset(type, k, c, si), 2);
-            if (gemv_il_scale_src(si + 1).row < nrows) memcpy(&hi, tile + gemv_il_scale_src_offset(type, k, c, si + 1), 2);
+            if (gemv_il_scale_src(type, si).row < nrows)     memcpy(&lo, tile + gemv_il_scale_src_offset(type, k, c, si), 2);
+            if (gemv_il_scale_src(type, si + 1).row < nrows) memcpy(&hi, tile + gemv_il_scale_src_offset(type, k, c, si + 1), 2);
             r[lane].s[h] = lo | ((uint32_t) hi << 16);
         }
     }
 }
 
-// gemv_il_chunk_dot for all 32 lanes.
-static void emulate_chunk_dot(int type, const lane_chunk r[32], const uint8_t * xq, const float * xs, float acc[32][4]) {
+// gemv_il_chunk_dot (and gemv_il_q4_k_scales) for all 32 lanes.
+static void emulate_chunk_dot(int type, const lane_chunk r[32], const uint8_t * xq, const float * xs, const float * xsum, float acc[32][4]) {
+    float ka[32][2][2], kb[32][2][2];
+    for (int lane = 0; type == GEMV_IL_Q4_K && lane < 32; ++lane) {
+        for (int rr = 0; rr < 2; ++rr) {
+            uint32_t hdr[4];
+            for (int half = 0; half < 2; ++half) {
+                hdr[2*half + 0] = r[(lane & ~3) | (2*rr + half)].s[0];
+                hdr[2*half + 1] = r[(lane & ~3) | (2*rr + half)].s[1];
+            }
+            const float d = ref_half_to_float((uint16_t) hdr[0]), dmin = ref_half_to_float((uint16_t) (hdr[0] >> 16));
+            for (int i = 0; i < 2; ++i) {
+                int sc, m;
+                gemv_il_q4_k_scale_min(hdr + 1, 2*(lane & 3) + i, sc, m);
+                ka[lane][i][rr] = d*sc;
+                kb[lane][i][rr] = 128.0f*d*sc - 16.0f*dmin*m;
+            }
+        }
+    }
     for (int jp = 0; jp < GEMV_IL_CHUNK_BLOCKS/2; ++jp) {
         for (int h = 0; h < 2; ++h) {
             uint32_t a[32][4], b[32][2];
             float dx[32][2];
             for (int lane = 0; lane < 32; ++lane) {
-                gemv_il_frag_a(type, r[lane].q[type == GEMV_IL_Q4_0 ? jp : 2*jp + h], h, a[lane]);
+                gemv_il_frag_a(type, r[lane].q[type == GEMV_IL_Q8_0 ? 2*jp + h : jp], h, a[lane]);
                 uint32_t xa[4];
                 memcpy(xa, xq + jp*GEMV_IL_WARP_LOAD + lane*16, 16);
                 b[lane][0] = xa[2*h];
@@ -88,7 +105,17 @@ static void emulate_chunk_dot(int type, const lane_chunk r[32], const uint8_t * 
             int32_t c[32][4];
             emulate_mma(a, b, c);
             for (int lane = 0; lane < 32; ++lane) {
-                const uint32_t bits = r[(lane & ~3) | jp].s[h];   // __shfl_sync source lane
+                const int src = (lane & ~3) | jp;   // __shfl_sync source lane
+                if (type == GEMV_IL_Q4_K) {
+                    const float * sx = xsum + jp*16 + (lane & 3)*4 + 2*h;
+                    const float a0 = ka[src][h][0], a1 = ka[src][h][1], b0 = kb[src][h][0], b1 = kb[src][h][1];
+                    acc[lane][0] += (float) c[lane][0] * (a0*dx[lane][0]) + b0*sx[0];
+                    acc[lane][1] += (float) c[lane][1] * (a0*dx[lane][1]) + b0*sx[1];
+                    acc[lane][2] += (float) c[lane][2] * (a1*dx[lane][0]) + b1*sx[0];
+                    acc[lane][3] += (float) c[lane][3] * (a1*dx[lane][1]) + b1*sx[1];
+                    continue;
+                }
+                const uint32_t bits = r[src].s[h];
                 const float dw0 = ref_half_to_float((uint16_t) bits), dw1 = ref_half_to_float((uint16_t) (bits >> 16));
                 acc[lane][0] += (float) c[lane][0] * (dw0*dx[lane][0]);
                 acc[lane][1] += (float) c[lane][1] * (dw0*dx[lane][1]);
@@ -112,8 +139,8 @@ static void emulate_mul_mat(int type, const uint8_t * w, const uint8_t * xq, con
             for (int c = warp; c < nchunks; c += nwarps) {
                 lane_chunk r[32];
                 emulate_load(type, tile, nrows, k, c, r);
-                emulate_chunk_dot(type, r, xq + (int64_t) c*GEMV_IL_CHUNK_K*GEMV_IL_MAX_TOKENS,
-                                  xs + (int64_t) c*GEMV_IL_CHUNK_BLOCKS*GEMV_IL_MAX_TOKENS, acc);
+                const int64_t cs = (int64_t) c*GEMV_IL_CHUNK_BLOCKS*GEMV_IL_MAX_TOKENS;
+                emulate_chunk_dot(type, r, xq + (int64_t) c*GEMV_IL_CHUNK_K*GEMV_IL_MAX_TOKENS, xs + cs, xs + gemv_il_xs_count(k) + cs, acc);
             }
             for (int lane = 0; lane < 32; ++lane) {
                 for (int i = 0; i < 4; ++i) partial[(size_t) warp*128 + lane*4 + i] = acc[lane][i];
@@ -131,10 +158,10 @@ static void emulate_mul_mat(int type, const uint8_t * w, const uint8_t * xq, con
 
 int main() {
     int passed = 0, failed = 0;
-    const char * names[2] = {"q4_0", "q8_0"};
+    const char * names[3] = {"q4_0", "q8_0", "q4_k"};
     const int shapes[][2] = {{256, 16}, {256, 37}, {512, 5}, {768, 100}, {1280, 48}, {2048, 33}};  // {k, n}
     uint64_t seed = 1234;
-    for (int type : {GEMV_IL_Q4_0, GEMV_IL_Q8_0}) {
+    for (int type : {GEMV_IL_Q4_0, GEMV_IL_Q8_0, GEMV_IL_Q4_K}) {
         for (const auto & sh : shapes) {
             const int k = sh[0], n = sh[1];
             const size_t wbytes = (size_t) n*gemv_il_row_bytes(type, k);
@@ -155,12 +182,12 @@ int main() {
             rt ? ++passed : ++failed;
 
             // 2. the kernel's arithmetic on the interleaved tensor, for every M and several K splits
-            std::vector<float> x((size_t) GEMV_IL_MAX_TOKENS*k), d((size_t) GEMV_IL_MAX_TOKENS*(k/32)), xs(gemv_il_xs_count(k));
+            std::vector<float> x((size_t) GEMV_IL_MAX_TOKENS*k), d((size_t) GEMV_IL_MAX_TOKENS*(k/32)), sum(d.size()), xs(2*gemv_il_xs_count(k));
             std::vector<int8_t> q((size_t) GEMV_IL_MAX_TOKENS*k);
             std::vector<uint8_t> xq(gemv_il_xq_bytes(k));
             ref_fill_activations(k, x.data(), ++seed);
-            ref_quantize(k, GEMV_IL_MAX_TOKENS, x.data(), q.data(), d.data());
-            ref_interleave_activations(k, q.data(), d.data(), xq.data(), xs.data());
+            ref_quantize(k, GEMV_IL_MAX_TOKENS, x.data(), q.data(), d.data(), sum.data());
+            ref_interleave_activations(k, q.data(), d.data(), sum.data(), xq.data(), xs.data());
             const ref_result ref = ref_mul_mat(type, n, k, w.data(), x.data(), q.data(), d.data());
             for (int m = 1; m <= GEMV_IL_MAX_TOKENS; ++m) {
                 for (int nwarps : {1, 2, 4, 16}) {

@@ -61,9 +61,15 @@ static void ref_parallel_for(int64_t n, F f) {
     for (auto & x : th) x.join();
 }
 
-// Random weight rows in ggml's block layout: any code, scales of both signs, magnitudes 2^-9..2^-4.
+static inline uint16_t ref_random_scale(uint64_t & s, bool any_sign) {
+    const float d = (float) (std::ldexp(1.0, -9 + (int) (ref_splitmix(s) % 5)) * (1.0 + ref_uniform(s)));
+    return ref_float_to_half(any_sign && (ref_splitmix(s) & 1) ? -d : d);
+}
+
+// Random weight rows in ggml's block layout: any code, scales of both signs, magnitudes 2^-9..2^-4
+// (Q4_K: any 6-bit scales and mins, d of both signs, dmin > 0).
 static void ref_fill_weights(int type, int64_t n, int64_t k, uint8_t * w, uint64_t seed) {
-    const int64_t rb = gemv_il_row_bytes(type, k), bs = gemv_il_block_bytes(type);
+    const int64_t rb = gemv_il_row_bytes(type, k), bs = gemv_il_block_bytes(type), bk = gemv_il_block_k(type);
     ref_parallel_for(n, [=](int64_t r) {
         uint64_t s = seed ^ (0xD1B54A32D192ED03ull * (uint64_t) (r + 1));
         uint8_t * row = w + r*rb;
@@ -71,10 +77,13 @@ static void ref_fill_weights(int type, int64_t n, int64_t k, uint8_t * w, uint64
             const uint64_t v = ref_splitmix(s);
             memcpy(row + i, &v, std::min<int64_t>(8, rb - i));
         }
-        for (int64_t b = 0; b < k/32; ++b) {
-            const float d = (float) (std::ldexp(1.0, -9 + (int) (ref_splitmix(s) % 5)) * (1.0 + ref_uniform(s)));
-            const uint16_t h = ref_float_to_half(ref_splitmix(s) & 1 ? -d : d);
-            memcpy(row + b*bs, &h, 2);
+        for (int64_t b = 0; b < k/bk; ++b) {
+            const uint16_t d = ref_random_scale(s, true);
+            memcpy(row + b*bs, &d, 2);
+            if (type == GEMV_IL_Q4_K) {
+                const uint16_t dmin = ref_random_scale(s, false);
+                memcpy(row + b*bs + 2, &dmin, 2);
+            }
         }
     });
 }
@@ -91,8 +100,8 @@ static void ref_fill_activations(int64_t k, float * x, uint64_t seed) {
 }
 
 // The kernel's quantization, same float operations (IEEE division, round half away from zero):
-// q[m*k + i], d[m*(k/32) + b]; token rows >= m_used are zero.
-static void ref_quantize(int64_t k, int m_used, const float * x, int8_t * q, float * d) {
+// q[m*k + i], d[m*(k/32) + b], sum[m*(k/32) + b] = d * (sum of the block's q); token rows >= m_used are zero.
+static void ref_quantize(int64_t k, int m_used, const float * x, int8_t * q, float * d, float * sum) {
     for (int m = 0; m < GEMV_IL_MAX_TOKENS; ++m) {
         for (int64_t b = 0; b < k/32; ++b) {
             const float * xb = x + m*k + 32*b;
@@ -100,32 +109,56 @@ static void ref_quantize(int64_t k, int m_used, const float * x, int8_t * q, flo
             for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(xb[i]));
             if (m >= m_used) amax = 0.0f;
             const float db = amax / 127.0f;
+            int qsum = 0;
             for (int i = 0; i < 32; ++i) {
                 q[m*k + 32*b + i] = amax == 0.0f ? 0 : (int8_t) std::round(xb[i] / db);
+                qsum += q[m*k + 32*b + i];
             }
             d[m*(k/32) + b] = db;
+            sum[m*(k/32) + b] = db*(float) qsum;
         }
     }
 }
 
-// The same codes in the kernel's interleaved activation buffers.
-static void ref_interleave_activations(int64_t k, const int8_t * q, const float * d, uint8_t * xq, float * xs) {
+// The same codes in the kernel's interleaved activation buffers (xs: 2 * gemv_il_xs_count(k) floats).
+static void ref_interleave_activations(int64_t k, const int8_t * q, const float * d, const float * sum, uint8_t * xq, float * xs) {
     for (int m = 0; m < GEMV_IL_MAX_TOKENS; ++m) {
         for (int64_t b = 0; b < k/32; ++b) {
             for (int i = 0; i < 32; ++i) xq[gemv_il_xq_offset(m, b, i)] = (uint8_t) q[m*k + 32*b + i];
             xs[gemv_il_xs_index(m, b)] = d[m*(k/32) + b];
+            xs[gemv_il_xs_count(k) + gemv_il_xs_index(m, b)] = sum[m*(k/32) + b];
         }
     }
 }
 
-// Signed codes of one ggml block and its scale.
-static inline float ref_decode_block(int type, const uint8_t * blk, int8_t v[32]) {
+// 32-block b of a ggml row as w[i] = a*v[i] - c (ggml's dequantize_row_*; c = 0 but for Q4_K).
+static inline void ref_decode32(int type, const uint8_t * row, int64_t b, int8_t v[32], double & a, double & c) {
     uint16_t h;
-    memcpy(&h, blk, 2);
-    for (int i = 0; i < 32; ++i) {
-        v[i] = type == GEMV_IL_Q4_0 ? (int8_t) (((blk[2 + i % 16] >> (4*(i/16))) & 15) - 8) : (int8_t) blk[2 + i];
+    c = 0.0;
+    if (type != GEMV_IL_Q4_K) {
+        const uint8_t * blk = row + b*gemv_il_block_bytes(type);
+        memcpy(&h, blk, 2);
+        a = ref_half_to_float(h);
+        for (int i = 0; i < 32; ++i) {
+            v[i] = type == GEMV_IL_Q4_0 ? (int8_t) (((blk[2 + i % 16] >> (4*(i/16))) & 15) - 8) : (int8_t) blk[2 + i];
+        }
+        return;
     }
-    return ref_half_to_float(h);
+    const uint8_t * sb = row + b/8*gemv_il_block_bytes(type), * sc = sb + 4, * qs = sb + 16;
+    const int j = (int) (b % 8);
+    int scale, mn;  // get_scale_min_k4
+    if (j < 4) {
+        scale = sc[j] & 63;
+        mn    = sc[j + 4] & 63;
+    } else {
+        scale = (sc[j + 4] & 0xF) | ((sc[j - 4] >> 6) << 4);
+        mn    = (sc[j + 4] >>  4) | ((sc[j    ] >> 6) << 4);
+    }
+    memcpy(&h, sb, 2);
+    a = (double) ref_half_to_float(h)*scale;
+    memcpy(&h, sb + 2, 2);
+    c = (double) ref_half_to_float(h)*mn;
+    for (int i = 0; i < 32; ++i) v[i] = (int8_t) ((qs[32*(j/2) + i] >> (4*(j % 2))) & 15);
 }
 
 // Per output [tok*n + row], all in float64:
@@ -141,28 +174,31 @@ static ref_result ref_mul_mat(int type, int64_t n, int64_t k, const uint8_t * w,
     ref_result r;
     const size_t ne = (size_t) GEMV_IL_MAX_TOKENS*n;
     r.yq.assign(ne, 0.0); r.mag.assign(ne, 0.0); r.yf.assign(ne, 0.0); r.bound.assign(ne, 0.0);
-    const int64_t rb = gemv_il_row_bytes(type, k), bs = gemv_il_block_bytes(type);
+    const int64_t rb = gemv_il_row_bytes(type, k);
     ref_parallel_for(n, [&](int64_t row) {
         double yq[GEMV_IL_MAX_TOKENS] = {0}, mag[GEMV_IL_MAX_TOKENS] = {0}, yf[GEMV_IL_MAX_TOKENS] = {0}, bd[GEMV_IL_MAX_TOKENS] = {0};
         for (int64_t b = 0; b < k/32; ++b) {
             int8_t v[32];
-            const double dw = ref_decode_block(type, w + row*rb + b*bs, v);
-            int absw = 0;
-            for (int i = 0; i < 32; ++i) absw += std::abs((int) v[i]);
+            double a, c;
+            ref_decode32(type, w + row*rb, b, v, a, c);
+            double wabs = 0.0;
+            for (int i = 0; i < 32; ++i) wabs += std::fabs(a*v[i] - c);
             for (int m = 0; m < GEMV_IL_MAX_TOKENS; ++m) {
                 const int8_t * qm = q + m*k + 32*b;
                 const float  * xm = x + m*k + 32*b;
-                int   idot = 0;
-                float fdot = 0.0f;
+                int   idot = 0, isum = 0;
+                float fdot = 0.0f, fsum = 0.0f;
                 for (int i = 0; i < 32; ++i) {
                     idot += v[i]*qm[i];
+                    isum += qm[i];
                     fdot += v[i]*xm[i];
+                    fsum += xm[i];
                 }
-                const double dx = d[m*(k/32) + b], term = dw*dx*idot;
-                yq[m]  += term;
-                mag[m] += std::fabs(term);
-                yf[m]  += dw*fdot;
-                bd[m]  += std::fabs(dw)*absw*dx*0.5;
+                const double dx = d[m*(k/32) + b];
+                yq[m]  += dx*(a*idot - c*isum);
+                mag[m] += dx*(std::fabs(a*idot) + std::fabs(c*isum));
+                yf[m]  += a*fdot - c*fsum;
+                bd[m]  += wabs*dx*0.5;
             }
         }
         for (int m = 0; m < GEMV_IL_MAX_TOKENS; ++m) {
