@@ -7,7 +7,9 @@
 // plus its min times the activation block sum).
 // A CTA owns one 16-row tile; its warps split K (chunk c goes to warp c % nwarps) and add up their
 // partial sums in shared memory at the end. Weights are read once, as 16-byte streaming loads that
-// skip L1; the activations (9*K bytes) are read by every CTA and stay in L1/L2.
+// skip L1; the activations (10*K bytes) are read by every CTA and stay in L1/L2. They are read with
+// plain loads, never ld.global.nc: the previous kernel writes them, and under PDL only coherent loads
+// after griddepcontrol.wait are guaranteed to see its writes (ggml drops __restrict__ for the same reason).
 //
 // Launch with ggml_cuda_kernel_launch: on Hopper it enables programmatic dependent launch, and the
 // GEMV loads its first weight chunks before waiting for the kernel that writes its activations.
@@ -136,8 +138,8 @@ static __device__ __forceinline__ void gemv_il_chunk_dot(const gemv_il_chunk<typ
     }
 #pragma unroll
     for (int jp = 0; jp < GEMV_IL_CHUNK_BLOCKS/2; ++jp) {
-        const uint4  xa = __ldg((const uint4  *) (xq + jp*GEMV_IL_WARP_LOAD + lane*16));
-        const float4 xd = __ldg((const float4 *) (xs + jp*16 + (lane & 3)*4));
+        const uint4  xa = *(const uint4  *) (xq + jp*GEMV_IL_WARP_LOAD + lane*16);
+        const float4 xd = *(const float4 *) (xs + jp*16 + (lane & 3)*4);
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
             tile<16, 8, int> A;
@@ -153,7 +155,7 @@ static __device__ __forceinline__ void gemv_il_chunk_dot(const gemv_il_chunk<typ
             const float dx0 = h ? xd.z : xd.x;
             const float dx1 = h ? xd.w : xd.y;
             if constexpr (type == GEMV_IL_Q4_K) {
-                const float4 xm  = __ldg((const float4 *) (xsum + jp*16 + (lane & 3)*4));
+                const float4 xm  = *(const float4 *) (xsum + jp*16 + (lane & 3)*4);
                 const float  sx0 = h ? xm.z : xm.x;
                 const float  sx1 = h ? xm.w : xm.y;
                 const float  a0  = __shfl_sync(0xFFFFFFFF, ka[h][0], src), a1 = __shfl_sync(0xFFFFFFFF, ka[h][1], src);
