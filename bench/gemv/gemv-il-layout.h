@@ -186,7 +186,7 @@ inline void gemv_il_relayout_inplace_host(int type, int64_t n, int64_t k, uint8_
     }
 }
 
-// Which shapes the layout takes: K in whole chunks (so Q4_K/Q6_K super-blocks fit the same chunks later).
+// Which shapes the layout takes: K in whole chunks (so K-quant super-blocks fit the same chunks).
 inline bool gemv_il_supported_shape(int64_t n, int64_t k) {
     return n >= 1 && k >= GEMV_IL_CHUNK_K && k % GEMV_IL_CHUNK_K == 0;
 }

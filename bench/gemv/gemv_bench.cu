@@ -199,6 +199,7 @@ static void report(bool ok, const char * fmt, ...) {
 static void run_shape(int type, const shape & sh, uint64_t seed, cudaStream_t st, std::vector<result_row> & rows,
                       ggml_backend_cuda_context * up_ctx) {
     const int k = sh.k, n = sh.n;
+    GGML_ASSERT(gemv_il_supported_shape(n, k));
     const size_t wbytes = (size_t) n*gemv_il_row_bytes(type, k);
     const char * tn = type_name(type);
 
