@@ -1,0 +1,325 @@
+// gemv-il.cuh: skinny linear Y[M, N] = X[M, K] W[N, K]^T for M = 1..8 token rows on int8 tensor cores,
+// over Q4_0 / Q8_0 / Q4_K weights re-laid out once into gemv-il-layout.h's interleaved tiles.
+//
+// One mma.m16n8k32 (s8 x s8 -> s32) multiplies a 32-block of 16 weight rows with the same block of
+// the 8 token rows, so 8 tokens cost what 1 costs: the work per weight byte does not depend on M.
+// Each block's int32 product is scaled by its weight scale and float activation scale in fp32 (Q4_K:
+// plus its min times the activation block sum).
+// A CTA owns one 16-row tile; its warps split K (chunk c goes to warp c % nwarps) and add up their
+// partial sums in shared memory at the end. Weights are read once, as 16-byte streaming loads that
+// skip L1; the activations (10*K bytes) are read by every CTA and stay in L1/L2. They are read with
+// plain loads, never ld.global.nc: the previous kernel writes them, and under PDL only coherent loads
+// after griddepcontrol.wait are guaranteed to see its writes (ggml drops __restrict__ for the same reason).
+//
+// Launch with ggml_cuda_kernel_launch: on Hopper it enables programmatic dependent launch, and the
+// GEMV loads its first weight chunks before waiting for the kernel that writes its activations.
+//
+// CUDA only for now: the fragment layout is NVIDIA's (Turing and newer; Turing runs the k32 mma as
+// four k16 ones). An AMD port keeps the kernel structure and swaps the layout for the MFMA / WMMA
+// fragments (bench/gemv/README.md, "HIP").
+#pragma once
+
+#include "common.cuh"
+#include "mma.cuh"
+#include "gemv-il-layout.h"
+
+#define GEMV_IL_MAX_WARPS 16 // K split per CTA
+
+// Weights are streamed once: keep them out of L1 and ask L2 for whole 256-byte sectors groups.
+static __device__ __forceinline__ uint4 gemv_il_load_stream16(const uint8_t * p) {
+    uint4 v;
+#if defined(GGML_USE_HIP)
+    v = *(const uint4 *) p;
+#else
+    asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+#endif // defined(GGML_USE_HIP)
+    return v;
+}
+
+static __device__ __forceinline__ uint2 gemv_il_load_stream8(const uint8_t * p) {
+    uint2 v;
+#if defined(GGML_USE_HIP)
+    v = *(const uint2 *) p;
+#else
+    asm volatile("ld.global.nc.L1::no_allocate.v2.u32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p));
+#endif // defined(GGML_USE_HIP)
+    return v;
+}
+
+// One chunk (16 rows x 256 K) of a warp's lane: the words of its quant loads and its 4 fp16 scales.
+template <int type>
+struct gemv_il_chunk {
+    uint32_t q[gemv_il_loads(type)][4];
+    uint32_t s[2];
+};
+
+template <int type>
+static __device__ __forceinline__ void gemv_il_load_chunk(gemv_il_chunk<type> & r, const uint8_t * chunk, const int lane) {
+#pragma unroll
+    for (int j = 0; j < gemv_il_loads(type); ++j) {
+        const uint4 v = gemv_il_load_stream16(chunk + j*GEMV_IL_WARP_LOAD + lane*16);
+        r.q[j][0] = v.x; r.q[j][1] = v.y; r.q[j][2] = v.z; r.q[j][3] = v.w;
+    }
+    const uint2 s = gemv_il_load_stream8(chunk + gemv_il_quant_bytes(type) + lane*8);
+    r.s[0] = s.x; r.s[1] = s.y;
+}
+
+// The same registers gathered from ggml's row layout: the rows of the last, partial tile (nrows < 16);
+// missing rows read as zero. Blocks are 2-byte aligned, hence the 16-bit loads.
+static __device__ __forceinline__ uint32_t gemv_il_gather_bytes(const uint8_t * rows, const int nrows, const int row,
+                                                                const int64_t off, const int nbytes) {
+    if (row >= nrows) {
+        return 0;
+    }
+    const uint16_t * p = (const uint16_t *) (rows + off);
+    return nbytes == 4 ? (uint32_t) p[0] | ((uint32_t) p[1] << 16) : (uint32_t) p[0];
+}
+
+template <int type>
+static __device__ void gemv_il_gather_chunk(gemv_il_chunk<type> & r, const uint8_t * rows, const int nrows, const int64_t k,
+                                            const int c, const int lane) {
+#pragma unroll
+    for (int j = 0; j < gemv_il_loads(type); ++j) {
+#pragma unroll
+        for (int w = 0; w < 4; ++w) {
+            const int qi = j*(GEMV_IL_WARP_LOAD/4) + lane*4 + w;
+            r.q[j][w] = gemv_il_gather_bytes(rows, nrows, gemv_il_quant_src(type, qi).row, gemv_il_quant_src_offset(type, k, c, qi), 4);
+        }
+    }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const int si0 = lane*4 + 2*h;
+        const uint32_t lo = gemv_il_gather_bytes(rows, nrows, gemv_il_scale_src(type, si0).row,     gemv_il_scale_src_offset(type, k, c, si0),     2);
+        const uint32_t hi = gemv_il_gather_bytes(rows, nrows, gemv_il_scale_src(type, si0 + 1).row, gemv_il_scale_src_offset(type, k, c, si0 + 1), 2);
+        r.s[h] = lo | (hi << 16);
+    }
+}
+
+static __device__ __forceinline__ float2 gemv_il_half2_bits_to_float2(const uint32_t bits) {
+    half2 h;
+    memcpy(&h, &bits, sizeof(h));
+    return __half22float2(h);
+}
+
+// Q4_K: lane 4g + t decodes the scales and mins of sub-blocks 2t, 2t+1 for rows g and g+8 (from the
+// headers its group holds), as ka = d*sc and kb = 16*(8*d*sc - dmin*m); the MMA sees 16*(q - 8), so
+// 16 * (w . x) = c * ka * d_x + kb * s_x per sub-block.
+template <int type>
+static __device__ __forceinline__ void gemv_il_q4_k_scales(const gemv_il_chunk<type> & r, const int lane, float ka[2][2], float kb[2][2]) {
+#pragma unroll
+    for (int rr = 0; rr < 2; ++rr) {
+        uint32_t hdr[4];  // d|dmin, then the 12 scale bytes
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+            hdr[2*half + 0] = __shfl_sync(0xFFFFFFFF, r.s[0], (lane & ~3) | (2*rr + half));
+            hdr[2*half + 1] = __shfl_sync(0xFFFFFFFF, r.s[1], (lane & ~3) | (2*rr + half));
+        }
+        const float2 dm = gemv_il_half2_bits_to_float2(hdr[0]);
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+            int sc, m;
+            gemv_il_q4_k_scale_min(hdr + 1, 2*(lane & 3) + i, sc, m);
+            ka[i][rr] = dm.x*sc;
+            kb[i][rr] = 128.0f*dm.x*sc - 16.0f*dm.y*m;
+        }
+    }
+}
+
+// acc (rows g, g+8 x tokens 2t, 2t+1, the mma's C layout) += this chunk's 8 blocks of 32.
+// xs: the chunk's activation scales; xsum: their block sums (Q4_K only).
+template <int type>
+static __device__ __forceinline__ void gemv_il_chunk_dot(const gemv_il_chunk<type> & r, const uint8_t * xq, const float * xs,
+                                                         const float * xsum, const int lane, float acc[4]) {
+    using namespace ggml_cuda_mma;
+    [[maybe_unused]] float ka[2][2], kb[2][2];
+    if constexpr (type == GEMV_IL_Q4_K) {
+        gemv_il_q4_k_scales(r, lane, ka, kb);
+    }
+#pragma unroll
+    for (int jp = 0; jp < GEMV_IL_CHUNK_BLOCKS/2; ++jp) {
+        const uint4  xa = *(const uint4  *) (xq + jp*GEMV_IL_WARP_LOAD + lane*16);
+        const float4 xd = *(const float4 *) (xs + jp*16 + (lane & 3)*4);
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            tile<16, 8, int> A;
+            gemv_il_frag_a(type, r.q[type == GEMV_IL_Q8_0 ? 2*jp + h : jp], h, (uint32_t *) A.x);
+            tile<8, 8, int> B;
+            B.x[0] = h ? xa.z : xa.x;
+            B.x[1] = h ? xa.w : xa.y;
+            tile<16, 8, int> D;
+            mma(D, A, B);
+
+            // block 2jp + h: its scales sit in lane 4g + jp
+            const int   src = (lane & ~3) | jp;
+            const float dx0 = h ? xd.z : xd.x;
+            const float dx1 = h ? xd.w : xd.y;
+            if constexpr (type == GEMV_IL_Q4_K) {
+                const float4 xm  = *(const float4 *) (xsum + jp*16 + (lane & 3)*4);
+                const float  sx0 = h ? xm.z : xm.x;
+                const float  sx1 = h ? xm.w : xm.y;
+                const float  a0  = __shfl_sync(0xFFFFFFFF, ka[h][0], src), a1 = __shfl_sync(0xFFFFFFFF, ka[h][1], src);
+                const float  b0  = __shfl_sync(0xFFFFFFFF, kb[h][0], src), b1 = __shfl_sync(0xFFFFFFFF, kb[h][1], src);
+                acc[0] += (float) D.x[0] * (a0*dx0) + b0*sx0;
+                acc[1] += (float) D.x[1] * (a0*dx1) + b0*sx1;
+                acc[2] += (float) D.x[2] * (a1*dx0) + b1*sx0;
+                acc[3] += (float) D.x[3] * (a1*dx1) + b1*sx1;
+            } else {
+                const float2 dw = gemv_il_half2_bits_to_float2(__shfl_sync(0xFFFFFFFF, r.s[h], src));
+                acc[0] += (float) D.x[0] * (dw.x*dx0);
+                acc[1] += (float) D.x[1] * (dw.x*dx1);
+                acc[2] += (float) D.x[2] * (dw.y*dx0);
+                acc[3] += (float) D.x[3] * (dw.y*dx1);
+            }
+        }
+    }
+}
+
+// grid (ceil(n/16)), block (32 * nwarps, nwarps <= GEMV_IL_MAX_WARPS); dst[tok*stride_dst + row].
+// S: register stages per warp. With S = 1 a warp loads its next chunk after using the current one;
+// with S = 2 the next load is in flight while it computes (twice the registers for the weights).
+template <int type, int S>
+static __global__ void __launch_bounds__(GEMV_IL_MAX_WARPS*WARP_SIZE)
+gemv_il_mul_mat(const uint8_t * w, const uint8_t * xq, const float * xs, float * dst,
+                const int n, const int k, const int m, const int64_t stride_dst) {
+    const int lane    = threadIdx.x % WARP_SIZE;
+    const int warp    = threadIdx.x / WARP_SIZE;
+    const int nwarps  = blockDim.x / WARP_SIZE;
+    const int nchunks = k / GEMV_IL_CHUNK_K;
+    const int row0    = blockIdx.x*GEMV_IL_TILE_ROWS;
+    const int nrows   = min(n - row0, GEMV_IL_TILE_ROWS);
+    const float * xsum = xs + gemv_il_xs_count(k);
+    // full tiles and the partial last tile's ggml rows both start here
+    const uint8_t * tile = w + (int64_t) blockIdx.x*gemv_il_tile_bytes(type, k);
+
+    const auto load = [&](gemv_il_chunk<type> & r, const int c) {
+        if (c >= nchunks) {
+            return;
+        }
+        if (nrows == GEMV_IL_TILE_ROWS) {
+            gemv_il_load_chunk<type>(r, tile + (int64_t) c*gemv_il_chunk_bytes(type), lane);
+        } else {
+            gemv_il_gather_chunk<type>(r, tile, nrows, k, c, lane);
+        }
+    };
+
+    // The weights do not depend on the previous kernel: their first loads overlap its tail.
+    gemv_il_chunk<type> r[S];
+#pragma unroll
+    for (int s = 0; s < S; ++s) {
+        load(r[s], warp + s*nwarps);
+    }
+    ggml_cuda_pdl_sync();
+
+    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    for (int c0 = warp; c0 < nchunks; c0 += S*nwarps) {
+#pragma unroll
+        for (int s = 0; s < S; ++s) {
+            const int c = c0 + s*nwarps;
+            if (c < nchunks) {
+                const int64_t cs = (int64_t) c*(GEMV_IL_CHUNK_BLOCKS*GEMV_IL_MAX_TOKENS);
+                gemv_il_chunk_dot<type>(r[s], xq + (int64_t) c*(GEMV_IL_CHUNK_K*GEMV_IL_MAX_TOKENS), xs + cs, xsum + cs, lane, acc);
+            }
+            load(r[s], c + S*nwarps);
+        }
+    }
+    ggml_cuda_pdl_lc();
+
+    __shared__ float partial[GEMV_IL_MAX_WARPS][WARP_SIZE*4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        partial[warp][lane*4 + i] = acc[i];
+    }
+    __syncthreads();
+    if (threadIdx.x >= WARP_SIZE*4) {
+        return;
+    }
+    float sum = 0.0f;
+    for (int i = 0; i < nwarps; ++i) {
+        sum += partial[i][threadIdx.x];
+    }
+    // thread = 4*lane' + i holds C element i of lane' = 4g + t: row g + 8*(i/2), token 2t + i%2
+    const int l = threadIdx.x / 4, i = threadIdx.x % 4;
+    const int row = (l / 4) + 8*(i / 2), tok = 2*(l % 4) + i % 2;
+    if (tok < m && row < nrows) {
+        dst[tok*stride_dst + row0 + row] = sum*gemv_il_out_scale(type);
+    }
+}
+
+// grid (k/32), block 256 = 8 warps = the 8 token rows (rows >= m are written as zeros). x[tok*stride_x + i];
+// xs holds gemv_il_xs_count(k) scales, then as many sums. IEEE divisions on purpose: ggml builds with
+// -use_fast_math, and the CPU reference must get the same codes.
+static __global__ void __launch_bounds__(GEMV_IL_MAX_TOKENS*WARP_SIZE)
+gemv_il_quantize(const float * x, const int64_t stride_x, const int m, uint8_t * xq, float * xs) {
+    ggml_cuda_pdl_lc();
+    const int64_t b   = blockIdx.x;
+    const int     tok = threadIdx.x / WARP_SIZE;
+    const int     kk  = threadIdx.x % WARP_SIZE;
+
+    ggml_cuda_pdl_sync();
+    const float v    = tok < m ? x[tok*stride_x + b*32 + kk] : 0.0f;
+    const float amax = warp_reduce_max(fabsf(v));
+    const float d    = __fdiv_rn(amax, 127.0f);
+    const int   q    = amax == 0.0f ? 0 : (int) roundf(__fdiv_rn(v, d));
+    const int   qsum = warp_reduce_sum(q);
+    xq[gemv_il_xq_offset(tok, b, kk)] = (uint8_t) (int8_t) q;
+    if (kk == 0) {
+        xs[gemv_il_xs_index(tok, b)] = d;
+        xs[GEMV_IL_MAX_TOKENS*gridDim.x + gemv_il_xs_index(tok, b)] = d*(float) qsum;
+    }
+}
+
+// Out-of-place re-layout of ntiles full tiles (src and dst do not overlap); one thread per word or scale.
+template <int type>
+static __global__ void gemv_il_relayout(const uint8_t * src, uint8_t * dst, const int64_t k, const int64_t ntiles, const bool inverse) {
+    constexpr int qwords = gemv_il_quant_bytes(type)/4;
+    constexpr int units_per_chunk = qwords + GEMV_IL_SCALE_BYTES/2;
+    const int64_t units_per_tile = k/GEMV_IL_CHUNK_K*units_per_chunk;
+    for (int64_t u = (int64_t) blockIdx.x*blockDim.x + threadIdx.x; u < ntiles*units_per_tile; u += (int64_t) gridDim.x*blockDim.x) {
+        const int64_t base = u / units_per_tile * gemv_il_tile_bytes(type, k);
+        const int     c    = (int) (u % units_per_tile / units_per_chunk);
+        const int     v    = (int) (u % units_per_chunk);
+        const bool    is_q = v < qwords;
+        const int64_t o    = is_q ? gemv_il_quant_src_offset(type, k, c, v) : gemv_il_scale_src_offset(type, k, c, v - qwords);
+        const int64_t il   = (int64_t) c*gemv_il_chunk_bytes(type) + (is_q ? 4*v : gemv_il_quant_bytes(type) + 2*(v - qwords));
+        const uint16_t * s = (const uint16_t *) (src + base + (inverse ? il : o));
+        uint16_t       * d = (uint16_t       *) (dst + base + (inverse ? o : il));
+        d[0] = s[0];
+        if (is_q) {
+            d[1] = s[1];
+        }
+    }
+}
+
+// In-place re-layout of a whole weight in device memory through `scratch` (at least one tile): each batch
+// of tiles is copied to scratch and permuted back into place. The partial last tile is not touched.
+static void gemv_il_relayout_inplace_cuda(const int type, uint8_t * data, const int64_t n, const int64_t k,
+                                          uint8_t * scratch, const size_t scratch_bytes, const bool inverse, cudaStream_t stream) {
+    const int64_t tile_bytes = gemv_il_tile_bytes(type, k);
+    const int64_t ntiles     = n / GEMV_IL_TILE_ROWS;
+    const int64_t per_batch  = (int64_t) scratch_bytes / tile_bytes;
+    GGML_ASSERT(per_batch >= 1);
+    for (int64_t t0 = 0; t0 < ntiles; t0 += per_batch) {
+        const int64_t nt = std::min(per_batch, ntiles - t0);
+        CUDA_CHECK(cudaMemcpyAsync(scratch, data + t0*tile_bytes, nt*tile_bytes, cudaMemcpyDeviceToDevice, stream));
+        const int nblocks = (int) std::min<int64_t>(4096, (nt*tile_bytes/4 + 255)/256);
+        const auto kernel = type == GEMV_IL_Q4_0 ? gemv_il_relayout<GEMV_IL_Q4_0> :
+                            type == GEMV_IL_Q8_0 ? gemv_il_relayout<GEMV_IL_Q8_0> : gemv_il_relayout<GEMV_IL_Q4_K>;
+        kernel<<<nblocks, 256, 0, stream>>>(scratch, data + t0*tile_bytes, k, nt, inverse);
+        CUDA_CHECK(cudaGetLastError());
+    }
+}
+
+// Warps per CTA: the largest split whose CTAs all fit on the GPU at once (one wave, no tail), else 2
+// (the output projection has thousands of tiles). nsm: multiprocessors; ctas_per_sm(nwarps): occupancy.
+template <typename F>
+static int gemv_il_pick_nwarps(const int64_t n, const int64_t k, const int nsm, F ctas_per_sm) {
+    const int64_t ntiles  = (n + GEMV_IL_TILE_ROWS - 1) / GEMV_IL_TILE_ROWS;
+    const int64_t nchunks = k / GEMV_IL_CHUNK_K;
+    for (int nw = GEMV_IL_MAX_WARPS; nw >= 2; nw /= 2) {
+        if (nw <= nchunks && ntiles <= (int64_t) ctas_per_sm(nw)*nsm) {
+            return nw;
+        }
+    }
+    return nchunks >= 2 ? 2 : 1;
+}

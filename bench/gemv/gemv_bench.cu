@@ -1,0 +1,391 @@
+// Device harness of the interleaved skinny GEMV (gemv-il.cuh): correctness against a float64 CPU
+// reference, then timings inside CUDA graphs with weights rotated over more than the L2, next to
+// upstream ggml's quantize_q8_1 + mul_mat_vec_q on the same shapes. bench/gemv/run.sh builds and runs it.
+//
+//   gemv_bench [--quick]      --quick: correctness of the small shapes only
+#include "gemv-il.cuh"
+#include "gemv_ref.h"
+
+#ifdef GEMV_BENCH_UPSTREAM
+#include "mmvq.cuh"
+#include "quantize.cuh"
+#endif
+
+#include <cstdarg>
+#include <cstdio>
+#include <string>
+
+// ---- the few ggml-base / ggml-cuda symbols the CUDA sources above need, for this standalone build ----
+
+static cudaDeviceProp g_prop;
+
+const ggml_cuda_device_info & ggml_cuda_info() {
+    static ggml_cuda_device_info info = [] {
+        ggml_cuda_device_info i = {};
+        i.device_count = i.physical_device_count = 1;
+        i.devices[0].cc        = 100*g_prop.major + 10*g_prop.minor;
+        i.devices[0].nsm       = g_prop.multiProcessorCount;
+        i.devices[0].smpb      = g_prop.sharedMemPerBlock;
+        i.devices[0].smpbo     = g_prop.sharedMemPerBlockOptin;
+        i.devices[0].warp_size = g_prop.warpSize;
+        return i;
+    }();
+    return info;
+}
+int  ggml_cuda_get_device() { return 0; }
+void ggml_cuda_set_device(int) {}
+void ggml_cuda_error(const char * stmt, const char * func, const char * file, int line, const char * msg) {
+    fprintf(stderr, "CUDA error: %s\n  %s in %s at %s:%d\n", msg, stmt, func, file, line);
+    exit(1);
+}
+void ggml_abort(const char * file, int line, const char * fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "abort at %s:%d: ", file, line);
+    vfprintf(stderr, fmt, ap);
+    fprintf(stderr, "\n");
+    va_end(ap);
+    exit(1);
+}
+static ggml_type ggml_type_of(int type) { return type == GEMV_IL_Q4_0 ? GGML_TYPE_Q4_0 : type == GEMV_IL_Q8_0 ? GGML_TYPE_Q8_0 : GGML_TYPE_Q4_K; }
+int64_t ggml_blck_size(enum ggml_type type) {
+    for (int t : {GEMV_IL_Q4_0, GEMV_IL_Q8_0, GEMV_IL_Q4_K}) if (ggml_type_of(t) == type) return gemv_il_block_k(t);
+    GGML_ABORT("type %d", (int) type);
+}
+size_t ggml_type_size(enum ggml_type type) {
+    for (int t : {GEMV_IL_Q4_0, GEMV_IL_Q8_0, GEMV_IL_Q4_K}) if (ggml_type_of(t) == type) return gemv_il_block_bytes(t);
+    GGML_ABORT("type %d", (int) type);
+}
+// referenced by upstream's whole-op entry points, which this harness does not call
+bool    ggml_is_quantized(enum ggml_type)                                      { GGML_ABORT("unused"); }
+bool    ggml_is_contiguous(const ggml_tensor *)                                { GGML_ABORT("unused"); }
+bool    ggml_is_contiguously_allocated(const ggml_tensor *)                    { GGML_ABORT("unused"); }
+bool    ggml_are_same_stride(const ggml_tensor *, const ggml_tensor *)        { GGML_ABORT("unused"); }
+size_t  ggml_nbytes(const ggml_tensor *)                                       { GGML_ABORT("unused"); }
+int64_t ggml_nelements(const ggml_tensor *)                                    { GGML_ABORT("unused"); }
+size_t  ggml_backend_buffer_get_alloc_size(ggml_backend_buffer_t, const ggml_tensor *) { GGML_ABORT("unused"); }
+enum ggml_backend_buffer_usage ggml_backend_buffer_get_usage(ggml_backend_buffer_t)    { GGML_ABORT("unused"); }
+std::unique_ptr<ggml_cuda_pool> ggml_backend_cuda_context::new_pool_for_device(int, int) { GGML_ABORT("unused"); }
+
+// ---- harness ----
+
+static const char * type_name(int type) { return type == GEMV_IL_Q4_0 ? "q4_0" : type == GEMV_IL_Q8_0 ? "q8_0" : "q4_k"; }
+
+struct dev_buf {
+    void * p = nullptr;
+    explicit dev_buf(size_t n) { CUDA_CHECK(cudaMalloc(&p, std::max<size_t>(n, 16))); }
+    ~dev_buf() { cudaFree(p); }
+    template <typename T> T * as() const { return (T *) p; }
+};
+
+static void launch_quantize(const float * x, int k, int m, uint8_t * xq, float * xs, cudaStream_t st) {
+    ggml_cuda_kernel_launch(gemv_il_quantize, ggml_cuda_kernel_launch_params(dim3(k/32), dim3(GEMV_IL_MAX_TOKENS*WARP_SIZE), 0, st),
+                            x, (int64_t) k, m, xq, xs);
+}
+
+// The kernel variants built here: (type, register stages S). S = GEMV_BENCH_S is the default.
+#ifndef GEMV_BENCH_S
+#define GEMV_BENCH_S 1
+#endif
+using gemv_kernel_t = void (*)(const uint8_t *, const uint8_t *, const float *, float *, int, int, int, int64_t);
+static gemv_kernel_t gemv_kernel(int type, int s) {
+    switch (type) {
+        case GEMV_IL_Q4_0: return s == 1 ? gemv_il_mul_mat<GEMV_IL_Q4_0, 1> : gemv_il_mul_mat<GEMV_IL_Q4_0, 2>;
+        case GEMV_IL_Q8_0: return s == 1 ? gemv_il_mul_mat<GEMV_IL_Q8_0, 1> : gemv_il_mul_mat<GEMV_IL_Q8_0, 2>;
+        default:           return s == 1 ? gemv_il_mul_mat<GEMV_IL_Q4_K, 1> : gemv_il_mul_mat<GEMV_IL_Q4_K, 2>;
+    }
+}
+static const std::vector<int> gemv_stages = {1, 2};
+
+static void launch_gemv(int type, int u, const uint8_t * w, const uint8_t * xq, const float * xs, float * y, int n, int k, int m, int nwarps, cudaStream_t st) {
+    const ggml_cuda_kernel_launch_params p(dim3((n + 15)/16), dim3(nwarps*WARP_SIZE), 0, st);
+    ggml_cuda_kernel_launch(gemv_kernel(type, u), p, w, xq, xs, y, n, k, m, (int64_t) n);
+}
+
+static int pick_nwarps(int type, int64_t n, int64_t k) {
+    return gemv_il_pick_nwarps(n, k, g_prop.multiProcessorCount, [type](int nw) {
+        int c = 0;
+        CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&c, gemv_kernel(type, GEMV_BENCH_S), nw*WARP_SIZE, 0));
+        return c;
+    });
+}
+
+#ifdef GEMV_BENCH_UPSTREAM
+// upstream's decode path for one weight: quantize_q8_1 of the activations, then mul_mat_vec_q
+static void launch_upstream(ggml_backend_cuda_context & ctx, int type, const uint8_t * w, const float * x, char * xq8, float * y,
+                            int n, int k, int m, cudaStream_t st) {
+    const int64_t kpad = GGML_PAD(k, MATRIX_ROW_PADDING);
+    ggml_tensor src0 = {}, src1 = {}, dst = {};
+    src0.type = ggml_type_of(type);
+    src0.ne[0] = k; src0.ne[1] = n;
+    src1.type = GGML_TYPE_F32; src1.ne[0] = k; src1.ne[1] = m;
+    dst.type  = GGML_TYPE_F32; dst.ne[0] = n;  dst.ne[1] = m;
+    quantize_row_q8_1_cuda(x, nullptr, xq8, src0.type, k, k, (int64_t) k*m, (int64_t) k*m, kpad, m, 1, 1, st);
+    ggml_cuda_op_mul_mat_vec_q(ctx, &src0, &src1, &dst, (const char *) w, x, xq8, y, 0, n, m, kpad, st);
+}
+#endif
+
+// Median time of one op, from graph replays of `len` back-to-back ops (op(i) issues op number i).
+template <typename F>
+static double time_graph(cudaStream_t st, int len, F op) {
+    cudaGraph_t g;
+    cudaGraphExec_t ge;
+    CUDA_CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
+    for (int i = 0; i < len; ++i) op(i);
+    CUDA_CHECK(cudaStreamEndCapture(st, &g));
+    CUDA_CHECK(cudaGraphInstantiate(&ge, g, 0));
+    cudaEvent_t e0, e1;
+    CUDA_CHECK(cudaEventCreate(&e0));
+    CUDA_CHECK(cudaEventCreate(&e1));
+    std::vector<float> ms;
+    for (int rep = 0; rep < 9; ++rep) {
+        CUDA_CHECK(cudaEventRecord(e0, st));
+        CUDA_CHECK(cudaGraphLaunch(ge, st));
+        CUDA_CHECK(cudaEventRecord(e1, st));
+        CUDA_CHECK(cudaEventSynchronize(e1));
+        float t;
+        CUDA_CHECK(cudaEventElapsedTime(&t, e0, e1));
+        if (rep >= 2) ms.push_back(t);  // two warm-up replays
+    }
+    CUDA_CHECK(cudaGetLastError());
+    std::sort(ms.begin(), ms.end());
+    CUDA_CHECK(cudaEventDestroy(e0));
+    CUDA_CHECK(cudaEventDestroy(e1));
+    CUDA_CHECK(cudaGraphExecDestroy(ge));
+    CUDA_CHECK(cudaGraphDestroy(g));
+    return 1e3*ms[ms.size()/2]/len;  // us per op
+}
+
+// Read ceiling of this card now: 16-byte loads over 4 GiB, xor-reduced so nothing is optimized away.
+static __global__ void read_ceiling_kernel(const uint4 * p, int64_t n, uint32_t * out) {
+    uint32_t acc = 0;
+    for (int64_t i = (int64_t) blockIdx.x*blockDim.x + threadIdx.x; i < n; i += (int64_t) gridDim.x*blockDim.x) {
+        const uint4 v = gemv_il_load_stream16((const uint8_t *) (p + i));
+        acc ^= v.x ^ v.y ^ v.z ^ v.w;
+    }
+    if (acc == 0x12345678u) *out = acc;
+}
+
+static double measure_read_ceiling(cudaStream_t st) {
+    const size_t bytes = (size_t) 4 << 30;
+    dev_buf buf(bytes), out(4);
+    CUDA_CHECK(cudaMemsetAsync(buf.p, 0x5A, bytes, st));
+    const double us = time_graph(st, 4, [&](int) {
+        read_ceiling_kernel<<<g_prop.multiProcessorCount*8, 512, 0, st>>>(buf.as<uint4>(), (int64_t) (bytes/16), out.as<uint32_t>());
+    });
+    return bytes / us * 1e-3;  // GB/s
+}
+
+struct shape { int k, n; bool timed; };
+
+struct result_row {
+    int type, k, n, m;
+    double ours_us = 0, ours_q_us = 0, up_us = 0;
+    int nwarps = 0;
+};
+
+static int g_failed = 0, g_passed = 0;
+
+static void report(bool ok, const char * fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    printf("%s ", ok ? "ok  " : "FAIL");
+    vprintf(fmt, ap);
+    printf("\n");
+    va_end(ap);
+    ok ? ++g_passed : ++g_failed;
+}
+
+static void run_shape(int type, const shape & sh, uint64_t seed, cudaStream_t st, std::vector<result_row> & rows,
+                      ggml_backend_cuda_context * up_ctx) {
+    const int k = sh.k, n = sh.n;
+    GGML_ASSERT(gemv_il_supported_shape(n, k));
+    const size_t wbytes = (size_t) n*gemv_il_row_bytes(type, k);
+    const char * tn = type_name(type);
+
+    // fresh random weights (ggml layout) and 8 token rows
+    std::vector<uint8_t> w(wbytes);
+    ref_fill_weights(type, n, k, w.data(), seed);
+    std::vector<float> x((size_t) GEMV_IL_MAX_TOKENS*k);
+    ref_fill_activations(k, x.data(), seed ^ 0xABCDEFull);
+
+    // device re-layout in place through a small scratch vs the host re-layout, and back
+    dev_buf d_w(wbytes), d_il(wbytes);
+    const size_t scratch_bytes = std::max<size_t>(gemv_il_tile_bytes(type, k), 3u << 20);
+    dev_buf d_scratch(scratch_bytes);
+    CUDA_CHECK(cudaMemcpyAsync(d_w.p, w.data(), wbytes, cudaMemcpyHostToDevice, st));
+    CUDA_CHECK(cudaMemcpyAsync(d_il.p, d_w.p, wbytes, cudaMemcpyDeviceToDevice, st));
+    gemv_il_relayout_inplace_cuda(type, d_il.as<uint8_t>(), n, k, d_scratch.as<uint8_t>(), scratch_bytes, false, st);
+    {
+        std::vector<uint8_t> il_host = w, il_dev(wbytes);
+        const int64_t tb = gemv_il_tile_bytes(type, k);
+        ref_parallel_for(n / GEMV_IL_TILE_ROWS, [&](int64_t t) { gemv_il_relayout_tile(type, k, w.data() + t*tb, il_host.data() + t*tb, false); });
+        CUDA_CHECK(cudaMemcpyAsync(il_dev.data(), d_il.p, wbytes, cudaMemcpyDeviceToHost, st));
+        CUDA_CHECK(cudaStreamSynchronize(st));
+        report(il_dev == il_host, "%s k=%d n=%d: device re-layout in place (scratch %zu KiB) equals the host re-layout", tn, k, n, scratch_bytes >> 10);
+        dev_buf d_back(wbytes);
+        CUDA_CHECK(cudaMemcpyAsync(d_back.p, d_il.p, wbytes, cudaMemcpyDeviceToDevice, st));
+        gemv_il_relayout_inplace_cuda(type, d_back.as<uint8_t>(), n, k, d_scratch.as<uint8_t>(), scratch_bytes, true, st);
+        CUDA_CHECK(cudaMemcpyAsync(il_dev.data(), d_back.p, wbytes, cudaMemcpyDeviceToHost, st));
+        CUDA_CHECK(cudaStreamSynchronize(st));
+        report(il_dev == w, "%s k=%d n=%d: device inverse re-layout gives the ggml bytes back", tn, k, n);
+    }
+
+    // reference: every output of the 8 token rows, float64
+    std::vector<int8_t> q((size_t) GEMV_IL_MAX_TOKENS*k);
+    std::vector<float> d((size_t) GEMV_IL_MAX_TOKENS*(k/32)), sum(d.size());
+    ref_quantize(k, GEMV_IL_MAX_TOKENS, x.data(), q.data(), d.data(), sum.data());
+    const ref_result ref = ref_mul_mat(type, n, k, w.data(), x.data(), q.data(), d.data());
+
+    dev_buf d_x(x.size()*4), d_xq(gemv_il_xq_bytes(k)), d_xs(2*gemv_il_xs_count(k)*4), d_y((size_t) GEMV_IL_MAX_TOKENS*n*4);
+    CUDA_CHECK(cudaMemcpyAsync(d_x.p, x.data(), x.size()*4, cudaMemcpyHostToDevice, st));
+    const uint32_t poison = 0xFFFFFFFFu;  // a NaN
+    std::vector<float> y((size_t) GEMV_IL_MAX_TOKENS*n);
+    const int nw_auto = pick_nwarps(type, n, k);
+
+    for (int m = 1; m <= GEMV_IL_MAX_TOKENS; ++m) {
+        // the device quantization must give the host's codes bit for bit (rows >= m zero)
+        std::vector<int8_t> qm(q.size());
+        std::vector<float> dm(d.size()), sm(d.size()), xs_host(2*gemv_il_xs_count(k)), xs_dev(xs_host.size());
+        std::vector<uint8_t> xq_host(gemv_il_xq_bytes(k)), xq_dev(xq_host.size());
+        ref_quantize(k, m, x.data(), qm.data(), dm.data(), sm.data());
+        ref_interleave_activations(k, qm.data(), dm.data(), sm.data(), xq_host.data(), xs_host.data());
+        CUDA_CHECK(cudaMemsetAsync(d_xq.p, 0x55, xq_host.size(), st));
+        launch_quantize(d_x.as<float>(), k, m, d_xq.as<uint8_t>(), d_xs.as<float>(), st);
+        CUDA_CHECK(cudaGetLastError());
+        CUDA_CHECK(cudaMemcpyAsync(xq_dev.data(), d_xq.p, xq_dev.size(), cudaMemcpyDeviceToHost, st));
+        CUDA_CHECK(cudaMemcpyAsync(xs_dev.data(), d_xs.p, xs_dev.size()*4, cudaMemcpyDeviceToHost, st));
+        CUDA_CHECK(cudaStreamSynchronize(st));
+        const bool qok = xq_dev == xq_host && memcmp(xs_dev.data(), xs_host.data(), xs_host.size()*4) == 0;
+        if (!qok || m == GEMV_IL_MAX_TOKENS) {
+            report(qok, "%s k=%d n=%d m=%d: device activation codes, scales and sums equal the host's", tn, k, n, m);
+        }
+
+        // every variant and K split at m = 1 and 8, the default one at every m
+        for (int u : gemv_stages) {
+            for (int nw = 1; nw <= GEMV_IL_MAX_WARPS; nw *= 2) {
+                const bool deflt = u == GEMV_BENCH_S && nw == nw_auto;
+                if (!deflt && m != 1 && m != GEMV_IL_MAX_TOKENS) continue;
+                CUDA_CHECK(cudaMemsetAsync(d_y.p, 0xFF, y.size()*4, st));
+                launch_gemv(type, u, d_il.as<uint8_t>(), d_xq.as<uint8_t>(), d_xs.as<float>(), d_y.as<float>(), n, k, m, nw, st);
+                CUDA_CHECK(cudaGetLastError());
+                CUDA_CHECK(cudaMemcpyAsync(y.data(), d_y.p, y.size()*4, cudaMemcpyDeviceToHost, st));
+                CUDA_CHECK(cudaStreamSynchronize(st));
+                const ref_check c = ref_compare(ref, n, m, y.data(), poison);
+                if (!c.ok || deflt) {
+                    report(c.ok, "%s k=%d n=%d m=%d S=%d nwarps=%d: rel err %.2e vs same-quantized float64, %.2e vs float activations, %lld bad",
+                           tn, k, n, m, u, nw, c.err_q, c.err_f, (long long) c.bad);
+                } else {
+                    ++g_passed;
+                }
+            }
+        }
+#ifdef GEMV_BENCH_UPSTREAM
+        {
+            // upstream on the ggml layout: checked loosely (its q8_1 activations differ from ours)
+            dev_buf d_q8((size_t) m*GGML_PAD(k, MATRIX_ROW_PADDING)/32*sizeof(block_q8_1));
+            CUDA_CHECK(cudaMemsetAsync(d_y.p, 0xFF, y.size()*4, st));
+            launch_upstream(*up_ctx, type, d_w.as<uint8_t>(), d_x.as<float>(), d_q8.as<char>(), d_y.as<float>(), n, k, m, st);
+            CUDA_CHECK(cudaGetLastError());
+            CUDA_CHECK(cudaMemcpyAsync(y.data(), d_y.p, y.size()*4, cudaMemcpyDeviceToHost, st));
+            CUDA_CHECK(cudaStreamSynchronize(st));
+            const ref_check c = ref_compare(ref, n, m, y.data(), poison);
+            const bool ok = std::isfinite(c.err_f) && c.err_f < 5e-2;
+            if (!ok || m == GEMV_IL_MAX_TOKENS) {
+                report(ok, "%s k=%d n=%d m=%d: upstream mmvq rel err %.2e vs float activations (harness wiring check)", tn, k, n, m, c.err_f);
+            }
+        }
+#endif
+    }
+    if (!sh.timed) {
+        return;
+    }
+
+    // timings: weights rotated over >= 400 MB so that every op reads them from memory
+    const int nrot = (int) std::max<size_t>(1, ((size_t) 400 << 20) / wbytes + 1);
+    std::vector<std::unique_ptr<dev_buf>> rot_il, rot_w;
+    for (int r = 0; r < nrot; ++r) {
+        rot_il.emplace_back(new dev_buf(wbytes));
+        CUDA_CHECK(cudaMemcpyAsync(rot_il.back()->p, d_il.p, wbytes, cudaMemcpyDeviceToDevice, st));
+#ifdef GEMV_BENCH_UPSTREAM
+        rot_w.emplace_back(new dev_buf(wbytes));
+        CUDA_CHECK(cudaMemcpyAsync(rot_w.back()->p, d_w.p, wbytes, cudaMemcpyDeviceToDevice, st));
+#endif
+    }
+    const int len = std::max(nrot, 16) / nrot * nrot;
+    dev_buf d_q8((size_t) GEMV_IL_MAX_TOKENS*GGML_PAD(k, 512)/32*36);
+    for (int m = 1; m <= GEMV_IL_MAX_TOKENS; ++m) {
+        result_row row{type, k, n, m};
+        row.nwarps = nw_auto;
+        launch_quantize(d_x.as<float>(), k, m, d_xq.as<uint8_t>(), d_xs.as<float>(), st);
+        row.ours_us = time_graph(st, len, [&](int i) {
+            launch_gemv(type, GEMV_BENCH_S, rot_il[i % nrot]->as<uint8_t>(), d_xq.as<uint8_t>(), d_xs.as<float>(), d_y.as<float>(), n, k, m, nw_auto, st);
+        });
+        row.ours_q_us = time_graph(st, len, [&](int i) {
+            launch_quantize(d_x.as<float>(), k, m, d_xq.as<uint8_t>(), d_xs.as<float>(), st);
+            launch_gemv(type, GEMV_BENCH_S, rot_il[i % nrot]->as<uint8_t>(), d_xq.as<uint8_t>(), d_xs.as<float>(), d_y.as<float>(), n, k, m, nw_auto, st);
+        });
+#ifdef GEMV_BENCH_UPSTREAM
+        row.up_us = time_graph(st, len, [&](int i) {
+            launch_upstream(*up_ctx, type, rot_w[i % nrot]->as<uint8_t>(), d_x.as<float>(), d_q8.as<char>(), d_y.as<float>(), n, k, m, st);
+        });
+#endif
+        if (m == 1 || m == GEMV_IL_MAX_TOKENS) {
+            for (int u : gemv_stages) {
+                for (int nw = 1; nw <= GEMV_IL_MAX_WARPS; nw *= 2) {
+                    const double us = time_graph(st, len, [&](int i) {
+                        launch_gemv(type, u, rot_il[i % nrot]->as<uint8_t>(), d_xq.as<uint8_t>(), d_xs.as<float>(), d_y.as<float>(), n, k, m, nw, st);
+                    });
+                    printf("     sweep %s k=%d n=%d m=%d S=%d nwarps=%2d: %8.2f us  %6.0f GB/s%s\n", tn, k, n, m, u, nw, us, wbytes/us*1e-3,
+                           u == GEMV_BENCH_S && nw == nw_auto ? "  (default)" : "");
+                }
+            }
+        }
+        rows.push_back(row);
+    }
+    (void) up_ctx;
+}
+
+int main(int argc, char ** argv) {
+    const bool quick = argc > 1 && std::string(argv[1]) == "--quick";
+    CUDA_CHECK(cudaGetDeviceProperties(&g_prop, 0));
+    printf("device: %s, %d SMs, L2 %d MB, cc %d.%d\n", g_prop.name, g_prop.multiProcessorCount, g_prop.l2CacheSize >> 20, g_prop.major, g_prop.minor);
+    cudaStream_t st;
+    CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    ggml_backend_cuda_context * up_ctx = nullptr;
+#ifdef GEMV_BENCH_UPSTREAM
+    up_ctx = new ggml_backend_cuda_context(0);  // only .device is read; never destroyed (its destructor lives in ggml-cuda.cu)
+#endif
+
+    const std::vector<shape> shapes = {
+        {256, 37, false}, {512, 5, false}, {768, 100, false}, {1280, 16, false}, {4096, 1000, false},  // odd: N % 16 != 0, N < 16
+        {4096, 248320, true}, {4096, 12288, true}, {12288, 4096, true},                            // output head, ffn up/gate, ffn down
+    };
+    std::vector<result_row> rows;
+    uint64_t seed = 42;
+    for (int type : {GEMV_IL_Q4_0, GEMV_IL_Q4_K, GEMV_IL_Q8_0}) {
+        for (const shape & sh : shapes) {
+            if (quick && sh.timed) continue;
+            run_shape(type, sh, ++seed, st, rows, up_ctx);
+        }
+    }
+    const double ceil_gbs = measure_read_ceiling(st);
+    printf("read ceiling (4 GiB, 16-byte loads): %.0f GB/s\n", ceil_gbs);
+
+    printf("\n| type | K x N | M | ours us | GB/s | %% of read | +quantize us | upstream us | upstream GB/s | upstream / ours |\n|---|---|---|---|---|---|---|---|---|---|\n");
+    for (const auto & r : rows) {
+        const double gb = (double) r.n*gemv_il_row_bytes(r.type, r.k)*1e-3;
+        printf("| %s | %dx%d | %d | %.1f | %.0f | %.0f | %.1f | %.1f | %.0f | %.2f |\n", type_name(r.type), r.k, r.n, r.m, r.ours_us, gb/r.ours_us,
+               100.0*gb/r.ours_us/ceil_gbs, r.ours_q_us, r.up_us, r.up_us > 0 ? gb/r.up_us : 0.0, r.up_us > 0 ? r.up_us/r.ours_q_us : 0.0);
+    }
+    printf("\nSummary (ours = quantize + GEMV, as upstream is timed; t8/t1 = time(M=8)/time(M=1)):\n");
+    printf("| type | K x N | ours M=1 us | GB/s (GEMV only) | ours M=8 us | t8/t1 | upstream M=1 us | upstream t8/t1 |\n|---|---|---|---|---|---|---|---|\n");
+    for (size_t i = 0; i + 7 < rows.size(); i += 8) {
+        const result_row & a = rows[i], & b = rows[i + 7];
+        const double gb = (double) a.n*gemv_il_row_bytes(a.type, a.k)*1e-3;
+        printf("| %s | %dx%d | %.1f | %.0f | %.1f | %.2f | %.1f | %.2f |\n", type_name(a.type), a.k, a.n, a.ours_q_us, gb/a.ours_us,
+               b.ours_q_us, b.ours_q_us/a.ours_q_us, a.up_us, a.up_us > 0 ? b.up_us/a.up_us : 0.0);
+    }
+    printf("\n%d passed, %d failed\n", g_passed, g_failed);
+    return g_failed != 0;
+}

@@ -1,0 +1,210 @@
+// CPU checks of the interleaved GEMV that need no GPU (plain C++17, no CUDA):
+//  1. the host re-layout is a bijection inside each tile: forward then inverse gives the ggml bytes back;
+//  2. an emulation of gemv_il_mul_mat, lane by lane, with the layout header's own index math and
+//     fragment unpacking, the PTX ISA's mma.m16n8k32 fragment layout and __shfl_sync's lane choice,
+//     matches the float64 reference for every M, several K splits and partial tiles.
+// Build and run: c++ -O2 -std=c++17 -pthread bench/gemv/gemv_il_cpu_test.cpp -o /tmp/gemv_il_cpu_test && /tmp/gemv_il_cpu_test
+#include "gemv_ref.h"
+
+#include <cstdio>
+
+// mma.m16n8k32.row.col.s32.s8.s8.s32 as the PTX ISA defines it (lane = 4g + t):
+//   A: a0 (row g, k 4t..4t+3), a1 (row g+8, k 4t..), a2 (row g, k 16+4t..), a3 (row g+8, k 16+4t..)
+//   B: b0 (col g, k 4t..4t+3), b1 (col g, k 16+4t..);  C: c0, c1 (row g, col 2t, 2t+1), c2, c3 (row g+8)
+static void emulate_mma(const uint32_t a[32][4], const uint32_t b[32][2], int32_t c[32][4]) {
+    int A[16][32], B[32][8];
+    for (int l = 0; l < 32; ++l) {
+        const int g = l / 4, t = l % 4;
+        for (int r = 0; r < 4; ++r) {
+            for (int e = 0; e < 4; ++e) {
+                A[g + 8*(r % 2)][4*t + 16*(r / 2) + e] = (int8_t) (a[l][r] >> (8*e));
+            }
+        }
+        for (int r = 0; r < 2; ++r) {
+            for (int e = 0; e < 4; ++e) {
+                B[4*t + 16*r + e][g] = (int8_t) (b[l][r] >> (8*e));
+            }
+        }
+    }
+    for (int l = 0; l < 32; ++l) {
+        const int g = l / 4, t = l % 4;
+        for (int i = 0; i < 4; ++i) {
+            const int row = g + 8*(i / 2), col = 2*t + i % 2;
+            int s = 0;
+            for (int kk = 0; kk < 32; ++kk) s += A[row][kk]*B[kk][col];
+            c[l][i] = s;
+        }
+    }
+}
+
+struct lane_chunk {
+    uint32_t q[8][4];
+    uint32_t s[2];
+};
+
+// gemv_il_load_chunk (full tile) or gemv_il_gather_chunk (partial tile) for all 32 lanes.
+static void emulate_load(int type, const uint8_t * tile, int nrows, int64_t k, int c, lane_chunk r[32]) {
+    for (int lane = 0; lane < 32; ++lane) {
+        if (nrows == GEMV_IL_TILE_ROWS) {
+            const uint8_t * chunk = tile + (int64_t) c*gemv_il_chunk_bytes(type);
+            for (int j = 0; j < gemv_il_loads(type); ++j) memcpy(r[lane].q[j], chunk + j*GEMV_IL_WARP_LOAD + lane*16, 16);
+            memcpy(r[lane].s, chunk + gemv_il_quant_bytes(type) + lane*8, 8);
+            continue;
+        }
+        for (int j = 0; j < gemv_il_loads(type); ++j) {
+            for (int w = 0; w < 4; ++w) {
+                const int qi = j*(GEMV_IL_WARP_LOAD/4) + lane*4 + w;
+                uint32_t v = 0;
+                if (gemv_il_quant_src(type, qi).row < nrows) memcpy(&v, tile + gemv_il_quant_src_offset(type, k, c, qi), 4);
+                r[lane].q[j][w] = v;
+            }
+        }
+        for (int h = 0; h < 2; ++h) {
+            uint16_t lo = 0, hi = 0;
+            const int si = lane*4 + 2*h;
+            if (gemv_il_scale_src(type, si).row < nrows)     memcpy(&lo, tile + gemv_il_scale_src_offset(type, k, c, si), 2);
+            if (gemv_il_scale_src(type, si + 1).row < nrows) memcpy(&hi, tile + gemv_il_scale_src_offset(type, k, c, si + 1), 2);
+            r[lane].s[h] = lo | ((uint32_t) hi << 16);
+        }
+    }
+}
+
+// gemv_il_chunk_dot (and gemv_il_q4_k_scales) for all 32 lanes.
+static void emulate_chunk_dot(int type, const lane_chunk r[32], const uint8_t * xq, const float * xs, const float * xsum, float acc[32][4]) {
+    float ka[32][2][2], kb[32][2][2];
+    for (int lane = 0; type == GEMV_IL_Q4_K && lane < 32; ++lane) {
+        for (int rr = 0; rr < 2; ++rr) {
+            uint32_t hdr[4];
+            for (int half = 0; half < 2; ++half) {
+                hdr[2*half + 0] = r[(lane & ~3) | (2*rr + half)].s[0];
+                hdr[2*half + 1] = r[(lane & ~3) | (2*rr + half)].s[1];
+            }
+            const float d = ref_half_to_float((uint16_t) hdr[0]), dmin = ref_half_to_float((uint16_t) (hdr[0] >> 16));
+            for (int i = 0; i < 2; ++i) {
+                int sc, m;
+                gemv_il_q4_k_scale_min(hdr + 1, 2*(lane & 3) + i, sc, m);
+                ka[lane][i][rr] = d*sc;
+                kb[lane][i][rr] = 128.0f*d*sc - 16.0f*dmin*m;
+            }
+        }
+    }
+    for (int jp = 0; jp < GEMV_IL_CHUNK_BLOCKS/2; ++jp) {
+        for (int h = 0; h < 2; ++h) {
+            uint32_t a[32][4], b[32][2];
+            float dx[32][2];
+            for (int lane = 0; lane < 32; ++lane) {
+                gemv_il_frag_a(type, r[lane].q[type == GEMV_IL_Q8_0 ? 2*jp + h : jp], h, a[lane]);
+                uint32_t xa[4];
+                memcpy(xa, xq + jp*GEMV_IL_WARP_LOAD + lane*16, 16);
+                b[lane][0] = xa[2*h];
+                b[lane][1] = xa[2*h + 1];
+                const float * xd = xs + jp*16 + (lane & 3)*4;
+                dx[lane][0] = xd[2*h];
+                dx[lane][1] = xd[2*h + 1];
+            }
+            int32_t c[32][4];
+            emulate_mma(a, b, c);
+            for (int lane = 0; lane < 32; ++lane) {
+                const int src = (lane & ~3) | jp;   // __shfl_sync source lane
+                if (type == GEMV_IL_Q4_K) {
+                    const float * sx = xsum + jp*16 + (lane & 3)*4 + 2*h;
+                    const float a0 = ka[src][h][0], a1 = ka[src][h][1], b0 = kb[src][h][0], b1 = kb[src][h][1];
+                    acc[lane][0] += (float) c[lane][0] * (a0*dx[lane][0]) + b0*sx[0];
+                    acc[lane][1] += (float) c[lane][1] * (a0*dx[lane][1]) + b0*sx[1];
+                    acc[lane][2] += (float) c[lane][2] * (a1*dx[lane][0]) + b1*sx[0];
+                    acc[lane][3] += (float) c[lane][3] * (a1*dx[lane][1]) + b1*sx[1];
+                    continue;
+                }
+                const uint32_t bits = r[src].s[h];
+                const float dw0 = ref_half_to_float((uint16_t) bits), dw1 = ref_half_to_float((uint16_t) (bits >> 16));
+                acc[lane][0] += (float) c[lane][0] * (dw0*dx[lane][0]);
+                acc[lane][1] += (float) c[lane][1] * (dw0*dx[lane][1]);
+                acc[lane][2] += (float) c[lane][2] * (dw1*dx[lane][0]);
+                acc[lane][3] += (float) c[lane][3] * (dw1*dx[lane][1]);
+            }
+        }
+    }
+}
+
+// gemv_il_mul_mat: every CTA, nwarps warps splitting K, the shared-memory sum, the output scatter.
+static void emulate_mul_mat(int type, const uint8_t * w, const uint8_t * xq, const float * xs, float * y,
+                            int n, int k, int m, int nwarps) {
+    const int nchunks = k / GEMV_IL_CHUNK_K;
+    for (int blk = 0; blk < (n + 15) / 16; ++blk) {
+        const int row0 = blk*16, nrows = std::min(n - row0, 16);
+        const uint8_t * tile = w + (int64_t) blk*gemv_il_tile_bytes(type, k);
+        std::vector<float> partial((size_t) nwarps*128, 0.0f);
+        for (int warp = 0; warp < nwarps; ++warp) {
+            float acc[32][4] = {};
+            for (int c = warp; c < nchunks; c += nwarps) {
+                lane_chunk r[32];
+                emulate_load(type, tile, nrows, k, c, r);
+                const int64_t cs = (int64_t) c*GEMV_IL_CHUNK_BLOCKS*GEMV_IL_MAX_TOKENS;
+                emulate_chunk_dot(type, r, xq + (int64_t) c*GEMV_IL_CHUNK_K*GEMV_IL_MAX_TOKENS, xs + cs, xs + gemv_il_xs_count(k) + cs, acc);
+            }
+            for (int lane = 0; lane < 32; ++lane) {
+                for (int i = 0; i < 4; ++i) partial[(size_t) warp*128 + lane*4 + i] = acc[lane][i];
+            }
+        }
+        for (int tid = 0; tid < 128; ++tid) {
+            float sum = 0.0f;
+            for (int wi = 0; wi < nwarps; ++wi) sum += partial[(size_t) wi*128 + tid];
+            const int l = tid / 4, i = tid % 4;
+            const int row = l / 4 + 8*(i / 2), tok = 2*(l % 4) + i % 2;
+            if (tok < m && row < nrows) y[(size_t) tok*n + row0 + row] = sum*gemv_il_out_scale(type);
+        }
+    }
+}
+
+int main() {
+    int passed = 0, failed = 0;
+    const char * names[3] = {"q4_0", "q8_0", "q4_k"};
+    const int shapes[][2] = {{256, 16}, {256, 37}, {512, 5}, {768, 100}, {1280, 48}, {2048, 33}};  // {k, n}
+    uint64_t seed = 1234;
+    for (int type : {GEMV_IL_Q4_0, GEMV_IL_Q8_0, GEMV_IL_Q4_K}) {
+        for (const auto & sh : shapes) {
+            const int k = sh[0], n = sh[1];
+            const size_t wbytes = (size_t) n*gemv_il_row_bytes(type, k);
+            std::vector<uint8_t> w(wbytes), il(wbytes), back(wbytes, 0xAA), tmp(gemv_il_tile_bytes(type, k));
+            ref_fill_weights(type, n, k, w.data(), ++seed);
+
+            // 1. round trip, which also proves every ggml byte lands somewhere (back starts as 0xAA)
+            il = w;
+            gemv_il_relayout_inplace_host(type, n, k, il.data(), tmp.data(), false);
+            const int64_t full = (int64_t) (n / 16)*gemv_il_tile_bytes(type, k);
+            for (int64_t t = 0; t < n / 16; ++t) {
+                gemv_il_relayout_tile(type, k, il.data() + t*gemv_il_tile_bytes(type, k), back.data() + t*gemv_il_tile_bytes(type, k), true);
+            }
+            memcpy(back.data() + full, il.data() + full, wbytes - full);
+            const bool moved = n < 16 || memcmp(w.data(), il.data(), full) != 0;
+            const bool rt = back == w && moved;
+            printf("%s relayout round trip k=%d n=%d: %s\n", names[type], k, n, rt ? "ok" : "FAILED");
+            rt ? ++passed : ++failed;
+
+            // 2. the kernel's arithmetic on the interleaved tensor, for every M and several K splits
+            std::vector<float> x((size_t) GEMV_IL_MAX_TOKENS*k), d((size_t) GEMV_IL_MAX_TOKENS*(k/32)), sum(d.size()), xs(2*gemv_il_xs_count(k));
+            std::vector<int8_t> q((size_t) GEMV_IL_MAX_TOKENS*k);
+            std::vector<uint8_t> xq(gemv_il_xq_bytes(k));
+            ref_fill_activations(k, x.data(), ++seed);
+            ref_quantize(k, GEMV_IL_MAX_TOKENS, x.data(), q.data(), d.data(), sum.data());
+            ref_interleave_activations(k, q.data(), d.data(), sum.data(), xq.data(), xs.data());
+            const ref_result ref = ref_mul_mat(type, n, k, w.data(), x.data(), q.data(), d.data());
+            for (int m = 1; m <= GEMV_IL_MAX_TOKENS; ++m) {
+                for (int nwarps : {1, 2, 4, 16}) {
+                    const uint32_t poison = 0x7FC0DEADu;
+                    std::vector<float> y((size_t) GEMV_IL_MAX_TOKENS*n);
+                    for (auto & v : y) memcpy(&v, &poison, 4);
+                    emulate_mul_mat(type, il.data(), xq.data(), xs.data(), y.data(), n, k, m, nwarps);
+                    const ref_check c = ref_compare(ref, n, m, y.data(), poison);
+                    if (!c.ok || (m == 8 && nwarps == 1)) {
+                        printf("%s emulated gemv k=%d n=%d m=%d nwarps=%d: %s (rel err vs same-quant math %.2e, vs float activations %.2e, bad %lld)\n",
+                               names[type], k, n, m, nwarps, c.ok ? "ok" : "FAILED", c.err_q, c.err_f, (long long) c.bad);
+                    }
+                    c.ok ? ++passed : ++failed;
+                }
+            }
+        }
+    }
+    printf("%d passed, %d failed\n", passed, failed);
+    return failed != 0;
+}
