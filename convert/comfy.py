@@ -29,7 +29,8 @@ pyqwen rotates the activations of those weights (GGML_OP_PYQWEN_HADAMARD); their
 against W_rot, the weight in the rotated basis. They keep the checkpoint's column order, because a
 column permutation does not commute with H: llama.cpp's V-head reordering of ssm_out's columns is
 left out and pyqwen regroups that weight's input instead. The token embedding (a row lookup) is
-never written rotated. Files with rotated or pq_w4a8 tensors need pyqwen (`pyqwen.requires`).
+never written rotated. Files with rotated or pq_w4a8 tensors need pyqwen: they list the features
+in `pyqwen.requires` and carry the tensor core.RequiresMarker, which upstream llama.cpp refuses.
 
 ComfyUI's own tensor names (`model.lm_head.weight` for the head) are mapped to Hugging Face's;
 `model.language_model.*`, `mtp.*` and the vision tower are the architecture's names.

@@ -18,7 +18,7 @@ import secrets
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import gguf
 import numpy as np
@@ -33,6 +33,7 @@ from .plan import OUTTYPES, Report, TensorPlan, decide_type, file_type
 
 CONVERTER_VERSION = "0.2.0"
 VERSION_KEY = "pyqwen.converter.version"
+REQUIRES_KEY = "pyqwen.requires"  # the pyqwen features a file needs (metadata), and RequiresMarker
 # per-tensor report, parallel arrays in file order: GGUF name, source format,
 # max |written - source| and RMS of it (0 = bit-exact); the errors are the file's last two keys
 REPORT_KEYS = ("pyqwen.converter.tensor_names", "pyqwen.converter.tensor_sources",
@@ -223,7 +224,9 @@ def _general_metadata(w: gguf.GGUFWriter, src_dir: Path) -> None:
     md.set_gguf_meta_model(w)
 
 
-def build_writer(mp: ModelPlan, outtype: str, tokenizer: dict[str, Any]) -> gguf.GGUFWriter:
+def build_writer(mp: ModelPlan, outtype: str, tokenizer: dict[str, Any]) -> tuple[gguf.GGUFWriter, list]:
+    """The GGUF header of the plan, and the tensors to write in its order (mp.tensors, then
+    RequiresMarker where the file needs pyqwen)."""
     w = gguf.GGUFWriter(path=None, arch=mp.params.arch)
     for t in mp.tensors:
         w.add_tensor_info(t.gguf_name, t.shape, np.dtype(np.float32), t.nbytes, raw_dtype=t.qtype)
@@ -233,20 +236,35 @@ def build_writer(mp: ModelPlan, outtype: str, tokenizer: dict[str, Any]) -> gguf
     w.add_quantization_version(gguf.GGML_QUANT_VERSION)
     add_tokenizer_fields(w, tokenizer)
     w.add_string(VERSION_KEY, CONVERTER_VERSION)
-    _add_extensions(w, mp.tensors)
+    extra = _add_extensions(w, mp.tensors)
     names, sources, max_err, rms_err = REPORT_KEYS
     w.add_array(names, [t.gguf_name for t in mp.tensors])
     w.add_array(sources, [t.report.source for t in mp.tensors])
     # placeholders of the final size, filled in by _fill_report once every tensor is measured
     w.add_key_value(max_err, [0.0] * len(mp.tensors), VT.ARRAY, sub_type=VT.FLOAT32)
     w.add_key_value(rms_err, [0.0] * len(mp.tensors), VT.ARRAY, sub_type=VT.FLOAT32)
-    return w
+    return w, mp.tensors + extra
 
 
-def _add_extensions(w: gguf.GGUFWriter, tensors: list[TensorPlan]) -> None:
-    """Keys of natives whose output needs pyqwen (e.g. comfy.py's rotated weights), and the list
-    of those features in pyqwen.requires (upstream ignores these keys; pyqwen refuses features it
-    does not know)."""
+class RequiresMarker:
+    """The tensor `pyqwen.requires` (one int8, value unused) of a file that needs pyqwen. No
+    weight: upstream llama.cpp ignores pyqwen's keys and would run rotated Q8_0 weights as plain
+    ones, but it counts a file's tensors against those it loads and refuses one with more
+    ("wrong number of tensors"). pyqwen looks its tensors up by name and skips this one."""
+
+    gguf_name = REQUIRES_KEY
+    shape = (1,)
+    nbytes = 1
+
+    @staticmethod
+    def chunks() -> Iterator[np.ndarray]:
+        yield np.ones(1, np.int8)
+
+
+def _add_extensions(w: gguf.GGUFWriter, tensors: list[TensorPlan]) -> list[RequiresMarker]:
+    """Keys of natives whose output needs pyqwen (e.g. comfy.py's rotated weights), the list of
+    those features in pyqwen.requires (pyqwen refuses features it does not know) and the tensor
+    info of RequiresMarker; returns the extra tensors to write."""
     requires: set[str] = set()
     for t in tensors:
         extensions = getattr(t.src.native, "extensions", None) if t.permutes else None
@@ -256,8 +274,12 @@ def _add_extensions(w: gguf.GGUFWriter, tensors: list[TensorPlan]) -> None:
             for key, vt, value in keys:
                 w.add_key_value(key, value, VT.ARRAY if isinstance(value, list) else vt,
                                 sub_type=vt if isinstance(value, list) else None)
-    if requires:
-        w.add_array("pyqwen.requires", sorted(requires))
+    if not requires:
+        return []
+    w.add_array(REQUIRES_KEY, sorted(requires))
+    marker = RequiresMarker()
+    w.add_tensor_info(marker.gguf_name, marker.shape, np.dtype(np.int8), marker.nbytes)
+    return [marker]
 
 
 def _pad(f, align: int) -> None:
@@ -368,8 +390,9 @@ def convert(src_dir: str | Path, out_path: str | Path, *, outtype: str = "auto",
             log(n)
     check_output_path(out)
     tokenizer = _tokenizer_fields(src, mp.params.n_vocab)
-    write_gguf(build_writer(mp, outtype, tokenizer), mp.tensors, out, progress=progress, desc="pyqwen-convert",
-               on_written=(lambda t: report(t.report)) if report else None,
+    w, tensors = build_writer(mp, outtype, tokenizer)
+    write_gguf(w, tensors, out, progress=progress, desc="pyqwen-convert",
+               on_written=(lambda t: isinstance(t, TensorPlan) and report(t.report)) if report else None,
                finish=lambda tmp: _fill_report(tmp, mp.tensors))
     return ConvertResult(out, outtype, len(mp.tensors), sum(t.nbytes for t in mp.tensors), mp.n_mtp, mp.notes,
                          [t.report for t in mp.tensors])

@@ -372,6 +372,7 @@ def test_w4a8_auto_keeps_the_bits(comfy_w4a8, tmp_path):
     assert types == {PQ_W4A8, int(T.F32)}  # token_embd (not quantized, stored f32) is the only float matrix
     assert reader.raw["output.weight"][0] == PQ_W4A8
     assert sorted(reader.fields["pyqwen.requires"].contents()) == ["hadamard", "pq_w4a8"]
+    assert reader.raw["pyqwen.requires"][:2] == (int(T.I8), [1])  # the marker tensor upstream refuses
     assert reader.fields["pyqwen.hadamard.blk.0.ffn_up.weight"].contents() == 256
 
 
@@ -381,6 +382,7 @@ def test_w4a8_q8_0_is_the_rotated_grid(comfy_w4a8, tmp_path):
     cfg = json.loads((src / "config.json").read_text())
     check_tensors(reader, src, cfg, cfg["num_hidden_layers"], {"asym_w4a8_int8": "q8_0_rotated"})
     assert reader.fields["pyqwen.requires"].contents() == ["hadamard"]
+    assert "pyqwen.requires" in reader.raw
 
 
 def test_mixed_formats_and_header_marker(comfy_mixed, tmp_path):
@@ -395,7 +397,7 @@ def test_mixed_formats_and_header_marker(comfy_mixed, tmp_path):
     check_tensors(reader, src, cfg, cfg["num_hidden_layers"], {
         "asym_w4a8_int8": "f32", "asym_w4a8_int8/asym": "f32", "int8_tensorwise/convrot": "f32",
         "int8_tensorwise": "f32", "float8_e4m3fn": "f32"})
-    assert "pyqwen.requires" not in reader.fields
+    assert "pyqwen.requires" not in reader.fields and "pyqwen.requires" not in reader.raw
 
 
 def hf_logits(model_dir, tokens) -> np.ndarray:
@@ -437,9 +439,9 @@ def test_logits_against_transformers(which, comfy_w4a8, comfy_mixed, tmp_path):
     assert errs["auto"] < 0.15 and errs["q8_0"] < 0.15
 
 
-def decoded_copy(reader: Reader, out, *, keep_rotation: bool):
+def decoded_copy(reader: Reader, out, *, keep_rotation: bool, keep_marker: bool):
     """The file with every pq_w4a8 tensor decoded to F32 (the rotated weight W·H, exactly), with or
-    without its rotation keys."""
+    without its rotation keys, and with or without the pyqwen.requires marker tensor."""
     w = gguf.GGUFWriter(out, arch="qwen35")
     for key, f in reader.fields.items():
         if key.startswith(("GGUF.", "general.architecture", "pyqwen.requires", "pyqwen.w4a8.")) \
@@ -450,6 +452,8 @@ def decoded_copy(reader: Reader, out, *, keep_rotation: bool):
     if keep_rotation:
         w.add_array("pyqwen.requires", ["hadamard"])
     for name, (qtype, shape, data) in reader.raw.items():
+        if name == "pyqwen.requires" and not keep_marker:
+            continue
         if qtype == PQ_W4A8:
             key = f"pyqwen.w4a8.codebook.{name}"
             b = attach(data.view(BLOCK).reshape(shape[0], -1), reader.fields[key].contents() if key in reader.fields else None)
@@ -473,26 +477,36 @@ def test_rotated_weights_in_the_graph(comfy_w4a8, tmp_path):
     reader, _ = gguf_of(src, tmp_path, "auto")
     prompt = np.random.default_rng(3).integers(0, 900, size=24).tolist()
     ref = hf_logits(twin, prompt)
-    rotated = max_rel(pq_logits(decoded_copy(reader, tmp_path / "rot.gguf", keep_rotation=True), prompt), ref)
-    stripped = max_rel(pq_logits(decoded_copy(reader, tmp_path / "plain.gguf", keep_rotation=False), prompt), ref)
+    rotated = max_rel(pq_logits(decoded_copy(reader, tmp_path / "rot.gguf", keep_rotation=True, keep_marker=True),
+                                prompt), ref)
+    stripped = max_rel(pq_logits(decoded_copy(reader, tmp_path / "plain.gguf", keep_rotation=False, keep_marker=False),
+                                 prompt), ref)
     print(f"rotated f32 weights: {rotated:.2e}; without rotation keys: {stripped:.2e}")
     assert rotated < F32_BOUND
     assert stripped > 0.5
 
 
 def test_upstream_llama_cpp(comfy_w4a8, tmp_path, upstream_llama):  # noqa: F811
-    """Upstream refuses a pq_w4a8 file with its own error (no crash). A rotated Q8_0 file has only
-    standard types: upstream loads it, ignores the rotation keys and computes the wrong model,
-    which is what pyqwen.requires warns about."""
+    """Upstream refuses both files that need pyqwen with its own error, without crashing: the
+    pq_w4a8 one for its type, the rotated Q8_0 one (standard types only) for its pyqwen.requires
+    marker tensor. Without that marker upstream loads the rotated file, ignores the rotation keys
+    and computes the wrong model, while pyqwen's logits do not change."""
     src, twin = comfy_w4a8
     prompt = np.random.default_rng(4).integers(0, 900, size=12).tolist()
     res = upstream_llama.run(gguf_of(src, tmp_path, "auto")[1], prompt)
     assert not res.ok and "invalid ggml type 100" in res.stderr, res.stderr[-2000:]
-    res = upstream_llama.run(gguf_of(src, tmp_path, "q8_0")[1], prompt)
+    reader, marked = gguf_of(src, tmp_path, "q8_0")
+    res = upstream_llama.run(marked, prompt)
+    n = len(reader.raw)
+    assert not res.ok and f"wrong number of tensors; expected {n}, got {n - 1}" in res.stderr, res.stderr[-2000:]
+
+    unmarked = decoded_copy(reader, tmp_path / "unmarked.gguf", keep_rotation=True, keep_marker=False)
+    res = upstream_llama.run(unmarked, prompt)
     assert res.ok, res.stderr[-2000:]
     wrong = max_rel(res.logits, hf_logits(twin, prompt))
-    print(f"upstream on the rotated q8_0 file: relative logit error {wrong:.2f}")
+    print(f"upstream on the rotated q8_0 file without the marker: relative logit error {wrong:.2f}")
     assert wrong > 0.5
+    assert np.array_equal(pq_logits(marked, prompt), pq_logits(unmarked, prompt))
 
 
 def test_comfy_names(hf, tmp_path):

@@ -6,6 +6,9 @@
  *   pyqwen.requires                   string array; the pyqwen extensions the file needs
  *   pyqwen.hadamard.<tensor>          uint32 n: the tensor holds W·H per n columns (n a power of 4)
  *   pyqwen.w4a8.codebook.<tensor>     float32[16]: codebook of a PQ_W4A8 tensor (none: uniform)
+ * and, in every file that has pyqwen.requires, a one-element tensor of the same name that no model
+ * uses: upstream llama.cpp refuses a file with more tensors than it loads, and would otherwise run
+ * rotated Q8_0 weights as plain ones. pq_model_load loads tensors by name and skips it.
  * A rotated weight keeps the checkpoint's column order. For ssm_out that is the grouped V-head
  * order, not llama.cpp's tiled one, so the graph hands it the attention output regrouped
  * (pq_v_heads_grouped). */

@@ -308,6 +308,7 @@ int pq_model_load(const char * path, const pq_model_params * params, pq_model **
     m->ctx_cpu = ggml_init(ip);
     if (m->backend_gpu) m->ctx_gpu = ggml_init(ip);
 
+    /* the model's tensors by name; others in the file (the pyqwen.requires marker, pq-linear.c) stay unread */
     for (int i = 0; i < n_req; ++i) {
         const struct tensor_req * r = &reqs[i];
         struct ggml_tensor * src = ggml_get_tensor(meta, r->name);
