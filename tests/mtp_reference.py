@@ -168,7 +168,7 @@ def load_gguf_with_mtp(gguf_path, config: dict, dtype=torch.float32, attn_implem
     from pyqwen.convert.qwen35 import expected_tensors, params_from_config
 
     cfg = dict(config, mtp_num_hidden_layers=1)
-    p = params_from_config(cfg)
+    p = params_from_config(cfg, "Qwen3_5ForCausalLM")
     reader = gguf.GGUFReader(str(gguf_path))
     values = {t.name: np.asarray(gguf.quants.dequantize(t.data, t.tensor_type), dtype=np.float64)
               for t in reader.tensors}
