@@ -25,7 +25,8 @@ from safetensors.torch import save_file
 
 from tiny_models import read_tensors
 
-QUANTIZED = re.compile(r"^(model\.layers|mtp)\..*(proj|fc)\.weight$")  # every linear of the layers + MTP fc
+# every nn.Linear of the layers and the MTP head (the DeltaNet in_proj_qkv/z/a/b included)
+QUANTIZED = re.compile(r"^(model\.layers|mtp)\..*(proj|proj_\w+|fc)\.weight$")
 
 
 @dataclass(frozen=True)
@@ -161,21 +162,23 @@ def _quant_config(spec: Spec) -> dict:
         return {"quant_method": "awq", "bits": 4, "group_size": spec.group, "zero_point": True, "version": "gemm",
                 "modules_to_not_convert": ["lm_head"]}
 
+    # every field as llm-compressor's save_pretrained serializes compressed-tensors' QuantizationConfig
     def args(bits):
-        return {"num_bits": bits, "type": "int", "symmetric": spec.sym, "strategy": "group" if spec.group else "channel",
-                "group_size": spec.group or None, "dynamic": False,
-                "actorder": "group" if spec.act_order else None}
+        return {"actorder": "group" if spec.act_order else None, "block_structure": None, "dynamic": False,
+                "group_size": spec.group or None, "num_bits": bits, "observer": "minmax", "observer_kwargs": {},
+                "strategy": "group" if spec.group else "channel", "symmetric": spec.sym, "type": "int"}
 
     fmt = "int-quantized" if spec.layout == "ct-int" else "pack-quantized"
-    act = {"num_bits": 8, "type": "int", "symmetric": True, "strategy": "token", "dynamic": True}
-    groups = {"group_0": {"targets": ["Linear"], "weights": args(spec.bits),
-                          "input_activations": act if fmt == "int-quantized" else None, "format": fmt}}
+    act = {"actorder": None, "block_structure": None, "dynamic": True, "group_size": None, "num_bits": 8,
+           "observer": None, "observer_kwargs": {}, "strategy": "token", "symmetric": True, "type": "int"}
+    groups = {"group_0": {"format": fmt, "input_activations": act if fmt == "int-quantized" else None,
+                          "output_activations": None, "targets": ["Linear"], "weights": args(spec.bits)}}
     if spec.mlp_bits:
-        groups["group_1"] = {"targets": ["re:.*mlp.*"], "weights": args(spec.mlp_bits),
-                             "input_activations": groups["group_0"]["input_activations"], "format": fmt}
-    return {"quant_method": "compressed-tensors", "format": "mixed-precision" if spec.mlp_bits else fmt,
-            "quantization_status": "compressed", "config_groups": groups, "version": "0.18.0" if spec.dense else "0.17.0",
-            "ignore": ["lm_head", *spec.ignore], "kv_cache_scheme": None}
+        groups["group_1"] = {**groups["group_0"], "targets": ["re:.*mlp.*"], "weights": args(spec.mlp_bits)}
+    return {"config_groups": groups, "format": "mixed-precision" if spec.mlp_bits else fmt,
+            "global_compression_ratio": None, "ignore": ["lm_head", *spec.ignore], "kv_cache_scheme": None,
+            "quant_method": "compressed-tensors", "quantization_status": "compressed", "sparsity_config": {},
+            "transform_config": {}, "version": "0.18.0" if spec.dense else "0.17.0"}
 
 
 def quantize_checkpoint(src_dir: Path, dst_dir: Path, spec: Spec, seed: int = 0) -> dict[str, np.ndarray]:
