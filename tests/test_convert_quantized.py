@@ -9,7 +9,9 @@ the converted models are checked against transformers on the dequantized weights
 """
 from __future__ import annotations
 
+import importlib.util
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -24,6 +26,8 @@ from pyqwen.convert.__main__ import main as convert_main
 from quant_checkpoints import Spec, quantize_checkpoint, write_float_checkpoint
 from tiny_models import make_tiny_qwen35
 from upstream import upstream_llama  # noqa: F401  (session fixture)
+
+ROOT = Path(__file__).resolve().parents[1]
 
 # every K a multiple of 256 (K-quants), v heads of 64 columns (whole 32-blocks after the V reorder)
 QCONFIG = dict(hidden_size=256, intermediate_size=512, num_attention_heads=4, num_key_value_heads=2, head_dim=64,
@@ -191,6 +195,23 @@ def test_logits_against_transformers_on_dequantized_weights(float_model, tmp_pat
         assert rel_err(llm.logits(prompt), want) <= 1e-4
     with Llama(auto_path, n_ctx=64, type_k="f32", type_v="f32") as llm:
         assert rel_err(llm.logits(prompt), want) <= 0.15
+
+
+def test_default_model_w4a8_export_is_exact(float_model, tmp_path):
+    """pyqwen/models/training/export_w4a8.py's export: llm-compressor's config, every linear (MTP
+    head included) int4 and converted to Q4_0 bit-exact."""
+    spec = importlib.util.spec_from_file_location("export_w4a8", ROOT / "pyqwen/models/training/export_w4a8.py")
+    export = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(export)
+    d = export.export_w4a8(float_model, tmp_path / "w4a8", tokenizer_dir=float_model)
+    q = json.loads((d / "config.json").read_text())["quantization_config"]
+    assert q["format"] == "int-quantized" and q["ignore"] == ["lm_head"]
+    assert q["config_groups"]["group_0"]["input_activations"]["strategy"] == "token"
+    res = convert(d, tmp_path / "w4a8.gguf", outtype="auto")
+    quantized = [r for r in res.reports if "int4" in r.source]
+    assert len(quantized) == 4 * 3 + 3 * 5 + 4 + 1 + 7  # MLPs, DeltaNet, attention, MTP fc + block
+    assert all(r.qtype == QT.Q4_0 and r.exact for r in quantized), [r.line() for r in quantized if not r.exact]
+    assert all(r.exact for r in res.reports)
 
 
 def test_cli_prints_the_mapping(float_model, tmp_path_factory, capsys):
