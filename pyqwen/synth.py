@@ -104,8 +104,6 @@ TYPES: dict[str, tuple[str, str]] = {
     "f16": ("F16", "MOSTLY_F16"),
 }
 
-ARCH_DENSE = "qwen35"
-ARCH_MOE = "qwen35moe"
 SEED_KEY = "pyqwen.synthetic.seed"
 TYPE_KEY = "pyqwen.synthetic.type"
 CHUNK_BYTES = 32 << 20  # bytes of output per generated piece
@@ -303,18 +301,6 @@ class Plan:
         return sum(t.nbytes for t in self.tensors)
 
 
-def _moe_ffn(cfg: dict[str, Any], blk: int) -> list[tuple[str, tuple[int, ...]]]:
-    # upstream names and shapes (llama_model_qwen35moe::load_arch_tensors; convert_hf_to_gguf.py
-    # splits the checkpoint's fused experts.gate_up_proj into ffn_gate_exps + ffn_up_exps)
-    h, e = cfg["hidden_size"], cfg["num_experts"]
-    ff, sh = cfg["moe_intermediate_size"], cfg["shared_expert_intermediate_size"]
-    b = f"blk.{blk}."
-    return [(b + "ffn_gate_inp.weight", (e, h)), (b + "ffn_gate_exps.weight", (e, ff, h)),
-            (b + "ffn_up_exps.weight", (e, ff, h)), (b + "ffn_down_exps.weight", (e, h, ff)),
-            (b + "ffn_gate_inp_shexp.weight", (1, h)), (b + "ffn_gate_shexp.weight", (sh, h)),
-            (b + "ffn_up_shexp.weight", (sh, h)), (b + "ffn_down_shexp.weight", (h, sh))]
-
-
 def plan(shape: str | dict[str, Any], wtype: str, *, mtp: bool = False, seed: int = 0) -> Plan:
     """Every tensor (name, shape, type) of a synthetic model. `shape` is a name in SHAPES or a
     Qwen3.5 text config dict (config.json style; num_experts etc. make it qwen35moe)."""
@@ -329,51 +315,25 @@ def plan(shape: str | dict[str, Any], wtype: str, *, mtp: bool = False, seed: in
     if not isinstance(seed, int) or not 0 <= seed < 2 ** 64:
         raise ValueError(f"seed must be an integer in [0, 2**64), got {seed!r}")
     moe = bool(cfg.get("num_experts"))
-    dense_cfg = {k: v for k, v in cfg.items() if k not in ("num_experts", "num_experts_per_tok")}
-    if moe:
-        dense_cfg["intermediate_size"] = cfg["moe_intermediate_size"]  # dense FFN tensors are replaced below
     try:
-        p = qwen35.params_from_config(dense_cfg, "Qwen3_5ForCausalLM")
+        p = qwen35.params_from_config(cfg, "Qwen3_5MoeForCausalLM" if moe else "Qwen3_5ForCausalLM")
     except ConversionError as e:
         raise ValueError(str(e)) from None
     n_mtp = p.n_mtp_config if mtp else 0
     if mtp and not n_mtp:
         raise ValueError("--mtp: the config has no MTP layer (mtp_num_hidden_layers)")
 
-    names_shapes: list[tuple[str, tuple[int, ...]]] = []
-    for m in qwen35.expected_tensors(p, n_mtp=n_mtp, with_output=not p.tie_word_embeddings).values():
-        if moe and re.fullmatch(r"blk\.\d+\.ffn_(gate|up|down)\.weight", m.gguf_name):
-            if m.gguf_name.endswith("ffn_gate.weight"):
-                names_shapes += _moe_ffn(cfg, _block_of(m.gguf_name))
-            continue
-        names_shapes.append((m.gguf_name, qwen35.output_shape(m.role, m.hf_shape)))
+    names_shapes = [(m.gguf_name, qwen35.output_shape(m.role, m.hf_shape))
+                     for m in qwen35.expected_tensors(p, n_mtp=n_mtp, with_output=not p.tie_word_embeddings).values()]
     types = assign_types(names_shapes, wtype, tied=p.tie_word_embeddings, n_blocks=p.n_layer + n_mtp, moe=moe)
     tensors = [SynthTensor(n, s, t, _init_of(n), (seed, k)) for k, ((n, s), t) in enumerate(zip(names_shapes, types))]
-    return Plan(name, ARCH_MOE if moe else ARCH_DENSE, p, cfg, n_mtp, wtype, seed, tensors)
+    return Plan(name, p.arch, p, cfg, n_mtp, wtype, seed, tensors)
 
 
 def _hparams(pl: Plan) -> list[tuple[str, Any, Any]]:
-    """The converter's qwen35 keys; for qwen35moe renamed, without feed_forward_length, with the
-    expert keys where upstream's converter writes them (TextModel, Qwen2MoeModel)."""
+    """The converter's <arch>.* keys, as upstream's converter writes them."""
     file_type = int(gguf.LlamaFileType[TYPES[pl.wtype][1]])
-    kv = qwen35.gguf_hparams(pl.params, n_mtp=pl.n_mtp, file_type=file_type)
-    if pl.arch == ARCH_DENSE:
-        return kv
-    a, cfg = pl.arch, pl.config
-    out = []
-    for key, vt, value in kv:
-        if key.startswith(ARCH_DENSE + "."):
-            key = a + key[len(ARCH_DENSE):]
-        if key == f"{a}.feed_forward_length":
-            continue
-        out.append((key, vt, value))
-        if key == f"{a}.attention.layer_norm_rms_epsilon":
-            out += [(f"{a}.expert_count", VT.UINT32, cfg["num_experts"]),
-                    (f"{a}.expert_used_count", VT.UINT32, cfg["num_experts_per_tok"])]
-        elif key == "general.file_type":
-            out += [(f"{a}.expert_feed_forward_length", VT.UINT32, cfg["moe_intermediate_size"]),
-                    (f"{a}.expert_shared_feed_forward_length", VT.UINT32, cfg["shared_expert_intermediate_size"])]
-    return out
+    return qwen35.gguf_hparams(pl.params, n_mtp=pl.n_mtp, file_type=file_type)
 
 
 def _writer(pl: Plan, tokenizer: dict[str, Any]) -> gguf.GGUFWriter:
