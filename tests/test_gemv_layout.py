@@ -8,7 +8,9 @@ from pathlib import Path
 
 import pytest
 
-SRC = Path(__file__).resolve().parent.parent / "bench" / "gemv" / "gemv_il_cpu_test.cpp"
+ROOT = Path(__file__).resolve().parent.parent
+SRC = ROOT / "bench" / "gemv" / "gemv_il_cpu_test.cpp"
+LAYOUT_DIR = ROOT / "ggml-patches" / "src" / "src" / "ggml-cuda"  # gemv-il-layout.h
 
 
 def test_gemv_il_layout_and_kernel_emulation(tmp_path):
@@ -16,7 +18,7 @@ def test_gemv_il_layout_and_kernel_emulation(tmp_path):
     if cxx is None:
         pytest.skip("no C++ compiler")
     exe = tmp_path / "gemv_il_cpu_test"
-    subprocess.run([cxx, "-O2", "-std=c++17", "-pthread", str(SRC), "-o", str(exe)], check=True)
+    subprocess.run([cxx, "-O2", "-std=c++17", "-pthread", f"-I{LAYOUT_DIR}", str(SRC), "-o", str(exe)], check=True)
     run = subprocess.run([str(exe)], capture_output=True, text=True, timeout=300)
     last = run.stdout.strip().splitlines()[-1]
     assert run.returncode == 0 and last.endswith(" 0 failed"), run.stdout[-4000:] + run.stderr[-2000:]

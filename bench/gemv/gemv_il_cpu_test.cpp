@@ -3,7 +3,7 @@
 //  2. an emulation of gemv_il_mul_mat, lane by lane, with the layout header's own index math and
 //     fragment unpacking, the PTX ISA's mma.m16n8k32 fragment layout and __shfl_sync's lane choice,
 //     matches the float64 reference for every M, several K splits and partial tiles.
-// Build and run: c++ -O2 -std=c++17 -pthread bench/gemv/gemv_il_cpu_test.cpp -o /tmp/gemv_il_cpu_test && /tmp/gemv_il_cpu_test
+// Build and run: c++ -O2 -std=c++17 -pthread -Iggml-patches/src/src/ggml-cuda bench/gemv/gemv_il_cpu_test.cpp -o /tmp/gemv_il_cpu_test && /tmp/gemv_il_cpu_test
 #include "gemv_ref.h"
 
 #include <cstdio>

@@ -24,7 +24,7 @@ else
 fi
 nvcc $FLAGS -Xcompiler -O3,-pthread -Xptxas -v -DGEMV_BENCH_UPSTREAM -c bench/gemv/gemv_bench.cu -o $B/gemv_bench_up.o 2> $LOG/ptxas.txt & ours=$!
 nvcc $FLAGS -Xcompiler -O3,-pthread -c bench/gemv/gemv_bench.cu -o $B/gemv_bench.o
-c++ -O2 -std=c++17 -pthread bench/gemv/gemv_il_cpu_test.cpp -o $B/gemv_il_cpu_test
+c++ -O2 -std=c++17 -pthread -Iggml-patches/src/src/ggml-cuda bench/gemv/gemv_il_cpu_test.cpp -o $B/gemv_il_cpu_test
 wait $ours
 if wait $up1 && wait $up2; then
     nvcc -arch=sm_$ARCH $B/gemv_bench_up.o $B/mmvq.o $B/quantize.o -o $B/gemv_bench -lpthread
