@@ -1,0 +1,278 @@
+// gemv-il-ggml.cu: the CUDA_IL buffer type and the MUL_MAT entry of the interleaved skinny GEMV
+// (bench/gemv/README.md, "Integration into ggml").
+//
+// The buffer is plain cudaMalloc memory. Eligible tensors (Q4_0, Q8_0, Q4_K; 2-D, contiguous, K a
+// multiple of 256; NVIDIA Turing or newer) are permuted on the host as they are uploaded and
+// un-permuted as they are downloaded, tile batch by tile batch through a small host staging
+// buffer, so no extra device memory is used and every reader through the backend API sees ggml's
+// bytes. Other tensors behave as in the plain CUDA buffer. cpy_tensor refuses, so no device copy
+// ever moves interleaved bytes raw.
+#include "gemv-il-ggml.cuh"
+#include "gemv-il.cuh"
+#include "ggml-backend-impl.h"
+#include "ggml-cuda.h"
+
+#include <algorithm>
+#include <mutex>
+#include <vector>
+
+static constexpr size_t GEMV_IL_STAGING_BYTES = 4u << 20; // host staging per transfer batch
+
+struct gemv_il_buffer_context {
+    int    device;
+    void * dev_ptr;
+};
+
+static int gemv_il_type(const ggml_type type) {
+    switch (type) {
+        case GGML_TYPE_Q4_0: return GEMV_IL_Q4_0;
+        case GGML_TYPE_Q8_0: return GEMV_IL_Q8_0;
+        case GGML_TYPE_Q4_K: return GEMV_IL_Q4_K;
+        default:             return -1;
+    }
+}
+
+// The one rule for which tensors of a CUDA_IL buffer are stored interleaved.
+static bool gemv_il_eligible(const ggml_tensor * t, const int device) {
+#if defined(GGML_USE_HIP)
+    GGML_UNUSED(t); GGML_UNUSED(device);
+    return false; // the layout is NVIDIA's mma fragment map (bench/gemv/README.md, "HIP")
+#else
+    return gemv_il_type(t->type) >= 0 && t->ne[2] == 1 && t->ne[3] == 1 && ggml_is_contiguous(t) &&
+           t->ne[1] <= INT_MAX && t->ne[0] <= INT_MAX && gemv_il_supported_shape(t->ne[1], t->ne[0]) &&
+           ggml_cuda_info().devices[device].cc >= GGML_CUDA_CC_TURING;
+#endif // defined(GGML_USE_HIP)
+}
+
+bool ggml_cuda_gemv_il_owns(const ggml_tensor * src0) {
+    if (src0->buffer == nullptr || !ggml_backend_buft_is_cuda_gemv_il(src0->buffer->buft) || src0->view_src != nullptr) {
+        return false;
+    }
+    return gemv_il_eligible(src0, ((gemv_il_buffer_context *) src0->buffer->context)->device);
+}
+
+// ---- MUL_MAT ----
+
+using gemv_il_kernel_t = void (*)(const uint8_t *, const uint8_t *, const float *, float *, int, int, int, int64_t);
+
+static gemv_il_kernel_t gemv_il_kernel(const int type) {
+    switch (type) {
+        case GEMV_IL_Q4_0: return gemv_il_mul_mat<GEMV_IL_Q4_0, 1>;
+        case GEMV_IL_Q8_0: return gemv_il_mul_mat<GEMV_IL_Q8_0, 1>;
+        default:           return gemv_il_mul_mat<GEMV_IL_Q4_K, 1>;
+    }
+}
+
+static int gemv_il_nwarps(const int device, const int type, const int64_t n, const int64_t k) {
+    const int nsm = ggml_cuda_info().devices[device].nsm;
+    return gemv_il_pick_nwarps(n, k, nsm, [type](int nw) {
+        int c = 0;
+        CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&c, gemv_il_kernel(type), nw*WARP_SIZE, 0));
+        return c;
+    });
+}
+
+void ggml_cuda_mul_mat_gemv_il(ggml_backend_cuda_context & ctx, const ggml_tensor * src0, const ggml_tensor * src1, ggml_tensor * dst) {
+    GGML_ASSERT(src1->type == GGML_TYPE_F32 && dst->type == GGML_TYPE_F32);
+    GGML_ASSERT(src1->ne[0] == src0->ne[0] && src1->nb[0] == sizeof(float) && dst->nb[0] == sizeof(float));
+    GGML_ASSERT(src1->ne[2] == 1 && src1->ne[3] == 1); // the weight is 2-D, so no broadcast
+
+    const int type = gemv_il_type(src0->type);
+    const int64_t k = src0->ne[0], n = src0->ne[1], m = src1->ne[1];
+    const int nwarps = gemv_il_nwarps(ctx.device, type, n, k);
+
+    ggml_cuda_pool_alloc<uint8_t> xq(ctx.pool(), gemv_il_xq_bytes(k));
+    ggml_cuda_pool_alloc<float>   xs(ctx.pool(), 2*gemv_il_xs_count(k));
+    const int64_t stride_x = src1->nb[1]/sizeof(float), stride_dst = dst->nb[1]/sizeof(float);
+    // Token rows in groups of 8; more than 8 (prefill) re-reads the weight per group until the slab
+    // de-interleave to upstream mmq exists (README, "Large batches").
+    for (int64_t m0 = 0; m0 < m; m0 += GEMV_IL_MAX_TOKENS) {
+        const int mm = (int) std::min<int64_t>(GEMV_IL_MAX_TOKENS, m - m0);
+        ggml_cuda_kernel_launch(gemv_il_quantize,
+            ggml_cuda_kernel_launch_params(dim3(k/32), dim3(GEMV_IL_MAX_TOKENS*WARP_SIZE), 0, ctx.stream()),
+            (const float *) src1->data + m0*stride_x, stride_x, mm, xq.get(), xs.get());
+        ggml_cuda_kernel_launch(gemv_il_kernel(type),
+            ggml_cuda_kernel_launch_params(dim3((n + GEMV_IL_TILE_ROWS - 1)/GEMV_IL_TILE_ROWS), dim3(nwarps*WARP_SIZE), 0, ctx.stream()),
+            (const uint8_t *) src0->data, (const uint8_t *) xq.get(), (const float *) xs.get(),
+            (float *) dst->data + m0*stride_dst, (int) n, (int) k, mm, stride_dst);
+    }
+}
+
+// ---- the buffer ----
+
+static void gemv_il_buffer_free_buffer(ggml_backend_buffer_t buffer) {
+    gemv_il_buffer_context * ctx = (gemv_il_buffer_context *) buffer->context;
+    ggml_cuda_set_device(ctx->device);
+    CUDA_CHECK(cudaFree(ctx->dev_ptr));
+    delete ctx;
+}
+
+static void * gemv_il_buffer_get_base(ggml_backend_buffer_t buffer) {
+    return ((gemv_il_buffer_context *) buffer->context)->dev_ptr;
+}
+
+// As the CUDA buffer: zero the row padding that upstream's quantized kernels read.
+static ggml_status gemv_il_buffer_init_tensor(ggml_backend_buffer_t buffer, ggml_tensor * tensor) {
+    if (tensor->view_src == nullptr && ggml_is_quantized(tensor->type)) {
+        const size_t original_size = ggml_nbytes(tensor);
+        const size_t padded_size   = ggml_backend_buft_get_alloc_size(buffer->buft, tensor);
+        if (padded_size > original_size) {
+            ggml_cuda_set_device(((gemv_il_buffer_context *) buffer->context)->device);
+            CUDA_CHECK(cudaMemset((char *) tensor->data + original_size, 0, padded_size - original_size));
+        }
+    }
+    return GGML_STATUS_SUCCESS;
+}
+
+// A constant stays constant under the permutation.
+static void gemv_il_buffer_memset_tensor(ggml_backend_buffer_t buffer, ggml_tensor * tensor, uint8_t value, size_t offset, size_t size) {
+    ggml_cuda_set_device(((gemv_il_buffer_context *) buffer->context)->device);
+    CUDA_CHECK(cudaMemset((char *) tensor->data + offset, value, size));
+}
+
+// Bytes [offset, offset + size) of an eligible tensor, in ggml's layout, moved between `host` and the
+// device. Full tiles go through the staging buffer in batches; a batch the range covers only in part
+// is first downloaded (set) so that its other bytes survive. The partial last tile is raw.
+static void gemv_il_transfer(const ggml_tensor * t, uint8_t * host, const size_t offset, const size_t size, const bool upload) {
+    const int type = gemv_il_type(t->type);
+    const int64_t k = t->ne[0];
+    const size_t tile_bytes = gemv_il_tile_bytes(type, k);
+    const size_t il_bytes   = (size_t) (t->ne[1]/GEMV_IL_TILE_ROWS)*tile_bytes; // the interleaved full tiles
+    const size_t batch      = std::max<size_t>(1, GEMV_IL_STAGING_BYTES/tile_bytes)*tile_bytes;
+    uint8_t * dev = (uint8_t *) t->data;
+    std::vector<uint8_t> il(std::min(batch, il_bytes)), plain(il.size());
+
+    const size_t end = offset + size;
+    for (size_t b0 = offset/batch*batch; b0 < std::min(end, il_bytes); b0 += batch) {
+        const size_t b1 = std::min(b0 + batch, il_bytes);
+        const size_t lo = std::max(offset, b0), hi = std::min(end, b1);
+        const bool whole = lo == b0 && hi == b1;
+        if (!upload || !whole) {
+            CUDA_CHECK(cudaMemcpy(il.data(), dev + b0, b1 - b0, cudaMemcpyDeviceToHost));
+            for (size_t p = 0; p < b1 - b0; p += tile_bytes) {
+                gemv_il_relayout_tile(type, k, il.data() + p, plain.data() + p, /*inverse =*/ true);
+            }
+        }
+        if (upload) {
+            memcpy(plain.data() + (lo - b0), host + (lo - offset), hi - lo);
+            for (size_t p = 0; p < b1 - b0; p += tile_bytes) {
+                gemv_il_relayout_tile(type, k, plain.data() + p, il.data() + p, /*inverse =*/ false);
+            }
+            CUDA_CHECK(cudaMemcpy(dev + b0, il.data(), b1 - b0, cudaMemcpyHostToDevice));
+        } else {
+            memcpy(host + (lo - offset), plain.data() + (lo - b0), hi - lo);
+        }
+    }
+    if (end > il_bytes) { // ggml rows of the partial last tile
+        const size_t lo = std::max(offset, il_bytes);
+        CUDA_CHECK(upload ? cudaMemcpy(dev + lo, host + (lo - offset), end - lo, cudaMemcpyHostToDevice)
+                          : cudaMemcpy(host + (lo - offset), dev + lo, end - lo, cudaMemcpyDeviceToHost));
+    }
+}
+
+static void gemv_il_buffer_set_tensor(ggml_backend_buffer_t buffer, ggml_tensor * tensor, const void * data, size_t offset, size_t size) {
+    const int device = ((gemv_il_buffer_context *) buffer->context)->device;
+    ggml_cuda_set_device(device);
+    if (tensor->view_src == nullptr && gemv_il_eligible(tensor, device)) {
+        gemv_il_transfer(tensor, (uint8_t *) data, offset, size, /*upload =*/ true);
+    } else {
+        CUDA_CHECK(cudaMemcpy((char *) tensor->data + offset, data, size, cudaMemcpyHostToDevice));
+    }
+}
+
+static void gemv_il_buffer_get_tensor(ggml_backend_buffer_t buffer, const ggml_tensor * tensor, void * data, size_t offset, size_t size) {
+    const int device = ((gemv_il_buffer_context *) buffer->context)->device;
+    ggml_cuda_set_device(device);
+    if (tensor->view_src == nullptr && gemv_il_eligible(tensor, device)) {
+        gemv_il_transfer(tensor, (uint8_t *) data, offset, size, /*upload =*/ false);
+    } else {
+        CUDA_CHECK(cudaMemcpy(data, (const char *) tensor->data + offset, size, cudaMemcpyDeviceToHost));
+    }
+}
+
+// Copies go through get/set, which (un)permute.
+static bool gemv_il_buffer_cpy_tensor(ggml_backend_buffer_t, const ggml_tensor *, ggml_tensor *) {
+    return false;
+}
+
+static void gemv_il_buffer_clear(ggml_backend_buffer_t buffer, uint8_t value) {
+    gemv_il_buffer_context * ctx = (gemv_il_buffer_context *) buffer->context;
+    ggml_cuda_set_device(ctx->device);
+    CUDA_CHECK(cudaMemset(ctx->dev_ptr, value, buffer->size));
+}
+
+static const ggml_backend_buffer_i gemv_il_buffer_interface = {
+    /* .free_buffer     = */ gemv_il_buffer_free_buffer,
+    /* .get_base        = */ gemv_il_buffer_get_base,
+    /* .init_tensor     = */ gemv_il_buffer_init_tensor,
+    /* .memset_tensor   = */ gemv_il_buffer_memset_tensor,
+    /* .set_tensor      = */ gemv_il_buffer_set_tensor,
+    /* .get_tensor      = */ gemv_il_buffer_get_tensor,
+    /* .set_tensor_2d   = */ NULL,
+    /* .get_tensor_2d   = */ NULL,
+    /* .cpy_tensor      = */ gemv_il_buffer_cpy_tensor,
+    /* .clear           = */ gemv_il_buffer_clear,
+    /* .reset           = */ NULL,
+};
+
+// ---- the buffer type ----
+
+static const char * gemv_il_buft_get_name(ggml_backend_buffer_type_t) {
+    return "CUDA_IL";
+}
+
+static ggml_backend_buffer_t gemv_il_buft_alloc_buffer(ggml_backend_buffer_type_t buft, size_t size) {
+    const int device = (int) (intptr_t) buft->context;
+    ggml_cuda_set_device(device);
+    void * dev_ptr = nullptr;
+    const cudaError_t err = cudaMalloc(&dev_ptr, std::max<size_t>(size, 1));
+    if (err != cudaSuccess) {
+        (void) cudaGetLastError();
+        GGML_LOG_ERROR("%s: allocating %.2f MiB on device %d: cudaMalloc failed: %s\n", __func__, size/1024.0/1024.0, device, cudaGetErrorString(err));
+        return nullptr;
+    }
+    return ggml_backend_buffer_init(buft, gemv_il_buffer_interface, new gemv_il_buffer_context{device, dev_ptr}, size);
+}
+
+static size_t gemv_il_buft_get_alignment(ggml_backend_buffer_type_t) {
+    return 128;
+}
+
+// The CUDA buffer's padding rule (quantized rows padded to MATRIX_ROW_PADDING for upstream's kernels).
+static size_t gemv_il_buft_get_alloc_size(ggml_backend_buffer_type_t, const ggml_tensor * tensor) {
+    size_t size = ggml_nbytes(tensor);
+    if (ggml_is_quantized(tensor->type) && tensor->ne[0] % MATRIX_ROW_PADDING != 0) {
+        size += ggml_row_size(tensor->type, MATRIX_ROW_PADDING - tensor->ne[0] % MATRIX_ROW_PADDING);
+    }
+    return size;
+}
+
+static const ggml_backend_buffer_type_i gemv_il_buft_interface = {
+    /* .get_name         = */ gemv_il_buft_get_name,
+    /* .alloc_buffer     = */ gemv_il_buft_alloc_buffer,
+    /* .get_alignment    = */ gemv_il_buft_get_alignment,
+    /* .get_max_size     = */ NULL,
+    /* .get_alloc_size   = */ gemv_il_buft_get_alloc_size,
+    /* .is_host          = */ NULL,
+};
+
+bool ggml_backend_buft_is_cuda_gemv_il(ggml_backend_buffer_type_t buft) {
+    return buft->iface.get_name == gemv_il_buft_get_name;
+}
+
+ggml_backend_buffer_type_t ggml_backend_cuda_gemv_il_buffer_type(int device) {
+    static std::mutex mutex;
+    std::lock_guard<std::mutex> lock(mutex);
+    if (device < 0 || device >= ggml_backend_cuda_get_device_count()) {
+        return nullptr;
+    }
+    static ggml_backend_buffer_type bufts[GGML_CUDA_MAX_DEVICES];
+    static bool initialized = false;
+    if (!initialized) {
+        for (int i = 0; i < ggml_backend_cuda_get_device_count(); i++) {
+            bufts[i] = { gemv_il_buft_interface, ggml_backend_reg_dev_get(ggml_backend_cuda_reg(), i), (void *) (intptr_t) i };
+        }
+        initialized = true;
+    }
+    return &bufts[device];
+}
