@@ -1,0 +1,87 @@
+// The integrated path of the interleaved GEMV, through ggml's public API on a CUDA device: weights
+// uploaded into the CUDA_IL buffer type must read back as ggml's bytes (get_tensor un-permutes), and
+// MUL_MAT on them (M = 1..8 through the GEMV, M = 13 as two launches) must match ggml's CPU backend on
+// the same quantized weights. Exit code non-zero on any failure.
+// Build (after a CUDA build of vendor/ggml into $G): see bench/gemv/README.md, "The ggml path".
+#include "ggml.h"
+#include "ggml-alloc.h"
+#include "ggml-backend.h"
+#include "ggml-cpu.h"
+#include "ggml-cuda.h"
+
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <vector>
+
+// dst[m, n] = W[n, :] . x[m, :] for W (type, k x n) and x (f32, k x m) on `backend`, W in `wbuft`.
+static std::vector<float> mul_mat(ggml_backend_t backend, ggml_backend_buffer_type_t wbuft, ggml_type type,
+                                  const std::vector<uint8_t> & w, const std::vector<float> & x, int k, int n, int m,
+                                  std::vector<uint8_t> * w_back) {
+    ggml_init_params ip = { 4*ggml_tensor_overhead() + ggml_graph_overhead(), nullptr, true };
+    ggml_context * cw = ggml_init(ip), * cx = ggml_init(ip);
+    ggml_tensor * W = ggml_new_tensor_2d(cw, type, k, n);
+    ggml_tensor * X = ggml_new_tensor_2d(cx, GGML_TYPE_F32, k, m);
+    ggml_tensor * Y = ggml_mul_mat(cx, W, X);
+    ggml_backend_buffer_t bw = ggml_backend_alloc_ctx_tensors_from_buft(cw, wbuft);
+    ggml_backend_buffer_set_usage(bw, GGML_BACKEND_BUFFER_USAGE_WEIGHTS);
+    ggml_backend_buffer_t bx = ggml_backend_alloc_ctx_tensors(cx, backend);
+    ggml_backend_tensor_set(W, w.data(), 0, w.size());
+    ggml_backend_tensor_set(X, x.data(), 0, x.size()*sizeof(float));
+    if (w_back) {
+        w_back->resize(w.size());
+        ggml_backend_tensor_get(W, w_back->data(), 0, w.size());
+    }
+    ggml_cgraph * gf = ggml_new_graph(cx);
+    ggml_build_forward_expand(gf, Y);
+    if (!ggml_backend_supports_op(backend, Y)) { fprintf(stderr, "MUL_MAT unsupported\n"); std::exit(2); }
+    ggml_backend_graph_compute(backend, gf);
+    std::vector<float> y((size_t) n*m);
+    ggml_backend_tensor_get(Y, y.data(), 0, y.size()*sizeof(float));
+    ggml_backend_buffer_free(bw); ggml_backend_buffer_free(bx);
+    ggml_free(cw); ggml_free(cx);
+    return y;
+}
+
+int main() {
+    ggml_backend_t cpu = ggml_backend_cpu_init(), gpu = ggml_backend_cuda_init(0);
+    if (!gpu) { fprintf(stderr, "no CUDA device\n"); return 2; }
+    std::mt19937 rng(std::random_device{}());
+    std::normal_distribution<float> nd;
+    int passed = 0, failed = 0;
+    const ggml_type types[] = { GGML_TYPE_Q4_0, GGML_TYPE_Q8_0, GGML_TYPE_Q4_K };
+    const int shapes[][2] = { {256, 37}, {512, 5}, {1024, 100}, {4096, 1000} }; // k, n
+    for (ggml_type type : types) {
+        for (const auto & s : shapes) {
+            const int k = s[0], n = s[1];
+            std::vector<float> wf((size_t) k*n);
+            for (float & v : wf) v = nd(rng);
+            std::vector<uint8_t> w(ggml_row_size(type, k)*n);
+            ggml_quantize_chunk(type, wf.data(), w.data(), 0, n, k, nullptr);
+            for (int m : {1, 2, 3, 5, 8, 13}) {
+                std::vector<float> x((size_t) k*m);
+                for (float & v : x) v = nd(rng);
+                std::vector<uint8_t> back;
+                const std::vector<float> y = mul_mat(gpu, ggml_backend_cuda_gemv_il_buffer_type(0), type, w, x, k, n, m, &back);
+                const std::vector<float> r = mul_mat(cpu, ggml_backend_cpu_buffer_type(), type, w, x, k, n, m, nullptr);
+                double e2 = 0, r2 = 0;
+                bool finite = true;
+                for (size_t i = 0; i < y.size(); ++i) {
+                    finite = finite && std::isfinite(y[i]);
+                    e2 += (double) (y[i] - r[i])*(y[i] - r[i]);
+                    r2 += (double) r[i]*r[i];
+                }
+                const double rel = std::sqrt(e2/r2);
+                // both sides quantize the activations to 8 bits (CPU: fp16 scales): about 1e-3 apart
+                const bool ok = finite && rel < 1e-2 && back == w;
+                (ok ? passed : failed)++;
+                printf("%-5s k=%5d n=%5d m=%2d  rel_l2 vs CPU %.2e  get_tensor %s  %s\n", ggml_type_name(type), k, n, m,
+                       rel, back == w ? "same bytes" : "DIFFERENT BYTES", ok ? "ok" : "FAIL");
+            }
+        }
+    }
+    printf("%d passed, %d failed\n", passed, failed);
+    ggml_backend_free(gpu); ggml_backend_free(cpu);
+    return failed == 0 ? 0 : 1;
+}
