@@ -111,32 +111,7 @@ struct ggml_tensor * pq_v_heads_grouped(struct ggml_context * c, struct ggml_ten
 
 /* ---- one-node CPU graphs for the tests ---- */
 
-static int run_cpu(struct ggml_context * ctx, struct ggml_tensor * out, struct ggml_tensor ** in, const void ** data, int n_in,
-                   float * result) {
-    struct ggml_cgraph * gf = ggml_new_graph_custom(ctx, 16, false);
-    ggml_build_forward_expand(gf, out);
-    int rc = -1;
-    ggml_backend_buffer_t buf = NULL;
-    ggml_backend_t cpu = ggml_backend_cpu_init();
-    if (!cpu) { pq_fail("could not start the CPU backend"); goto done; }
-    ggml_backend_cpu_set_n_threads(cpu, 3);   /* several threads, so the row split is exercised */
-    buf = ggml_backend_alloc_ctx_tensors(ctx, cpu);
-    if (!buf) { pq_fail("out of memory"); goto done; }
-    for (int i = 0; i < n_in; ++i) ggml_backend_tensor_set(in[i], data[i], 0, ggml_nbytes(in[i]));
-    if (ggml_backend_graph_compute(cpu, gf) != GGML_STATUS_SUCCESS) { pq_fail("graph failed"); goto done; }
-    ggml_backend_tensor_get(out, result, 0, ggml_nbytes(out));
-    rc = 0;
-done:
-    if (buf) ggml_backend_buffer_free(buf);
-    if (cpu) ggml_backend_free(cpu);
-    return rc;
-}
-
-static struct ggml_context * small_ctx(void) {
-    struct ggml_init_params ip = { .mem_size = 16 * ggml_tensor_overhead() + ggml_graph_overhead_custom(16, false),
-                                   .mem_buffer = NULL, .no_alloc = true };
-    return ggml_init(ip);
-}
+#define THREADS 3  /* several threads, so the row split is exercised */
 
 static bool valid_rotation(int32_t n, int64_t n_per_row) {
     return n >= 4 && (n & (n - 1)) == 0 && (n & 0x55555555) != 0 && n_per_row % n == 0;
@@ -144,11 +119,11 @@ static bool valid_rotation(int32_t n, int64_t n_per_row) {
 
 int pq_hadamard(const float * x, int64_t n_per_row, int64_t n_rows, int32_t n, float * out) {
     if (!valid_rotation(n, n_per_row) || n_rows <= 0) return pq_fail("hadamard: n=%d must be a power of 4 dividing %lld", n, (long long) n_per_row);
-    struct ggml_context * ctx = small_ctx();
+    struct ggml_context * ctx = pq_small_ctx();
     if (!ctx) return pq_fail("out of memory");
     struct ggml_tensor * a = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, n_per_row, n_rows);
     const void * data[1] = { x };
-    const int rc = run_cpu(ctx, ggml_pyqwen_hadamard(ctx, a, n), &a, data, 1, out);
+    const int rc = pq_run_on_cpu(ctx, ggml_pyqwen_hadamard(ctx, a, n), &a, data, 1, THREADS, out);
     ggml_free(ctx);
     return rc;
 }
@@ -159,13 +134,13 @@ int pq_mul_mat(int32_t type, const void * w, int64_t n_rows, int64_t n_per_row, 
     if (!ggml_get_type_traits_cpu((enum ggml_type) type)->vec_dot) return pq_fail("no CPU matrix product for type %d", type);
     if (n_rows <= 0 || n_cols <= 0) return pq_fail("mul_mat: empty matrix");
     if (hadamard && !valid_rotation(hadamard, n_per_row)) return pq_fail("mul_mat: bad rotation %d", hadamard);
-    struct ggml_context * ctx = small_ctx();
+    struct ggml_context * ctx = pq_small_ctx();
     if (!ctx) return pq_fail("out of memory");
     struct ggml_tensor * in[2] = { ggml_new_tensor_2d(ctx, (enum ggml_type) type, n_per_row, n_rows),
                                    ggml_new_tensor_2d(ctx, GGML_TYPE_F32, n_per_row, n_cols) };
     struct ggml_tensor * xr = hadamard ? ggml_pyqwen_hadamard(ctx, in[1], hadamard) : in[1];
     const void * data[2] = { w, x };
-    const int rc = run_cpu(ctx, ggml_mul_mat(ctx, in[0], xr), in, data, 2, out);
+    const int rc = pq_run_on_cpu(ctx, ggml_mul_mat(ctx, in[0], xr), in, data, 2, THREADS, out);
     ggml_free(ctx);
     return rc;
 }

@@ -1,6 +1,7 @@
 /* Token sampling over one row of logits on the host. The sampler itself is the patched ggml op
  * GGML_OP_PYQWEN_SAMPLE (ggml-patches/, include/ggml-pyqwen.h): this builds a one-node graph
- * around it on the CPU backend, so the C API and the in-graph sampler are the same code. */
+ * around it on the CPU backend, so the C API and the in-graph sampler are the same code.
+ * pq_run_on_cpu is that runner, shared with the other host entries that run one op. */
 #include "pq-internal.h"
 
 #include "ggml-pyqwen.h"
@@ -15,6 +16,33 @@ void pq_sampler_params(const pq_sampling * s, float uniform, float * params) {
     params[GGML_PYQWEN_SAMPLE_MIN_P]          = s->min_p;
     params[GGML_PYQWEN_SAMPLE_REPEAT_PENALTY] = s->repeat_penalty;
     params[GGML_PYQWEN_SAMPLE_UNIFORM]        = uniform;
+}
+
+struct ggml_context * pq_small_ctx(void) {
+    struct ggml_init_params ip = { .mem_size = 16 * ggml_tensor_overhead() + ggml_graph_overhead_custom(16, false),
+                                   .mem_buffer = NULL, .no_alloc = true };
+    return ggml_init(ip);
+}
+
+int pq_run_on_cpu(struct ggml_context * ctx, struct ggml_tensor * out, struct ggml_tensor ** in, const void ** data,
+                  int n_in, int n_threads, void * result) {
+    struct ggml_cgraph * gf = ggml_new_graph_custom(ctx, 16, false);
+    ggml_build_forward_expand(gf, out);
+    int rc = -1;
+    ggml_backend_buffer_t buf = NULL;
+    ggml_backend_t cpu = ggml_backend_cpu_init();
+    if (!cpu) { pq_fail("could not start the CPU backend"); goto done; }
+    ggml_backend_cpu_set_n_threads(cpu, n_threads);
+    buf = ggml_backend_alloc_ctx_tensors(ctx, cpu);
+    if (!buf) { pq_fail("out of memory"); goto done; }
+    for (int i = 0; i < n_in; ++i) ggml_backend_tensor_set(in[i], data[i], 0, ggml_nbytes(in[i]));
+    if (ggml_backend_graph_compute(cpu, gf) != GGML_STATUS_SUCCESS) { pq_fail("the CPU backend failed to compute %s", ggml_op_desc(out)); goto done; }
+    ggml_backend_tensor_get(out, result, 0, ggml_nbytes(out));
+    rc = 0;
+done:
+    if (buf) ggml_backend_buffer_free(buf);
+    if (cpu) ggml_backend_free(cpu);
+    return rc;
 }
 
 int pq_sample_logits(const float * logits, int32_t n_vocab, const pq_sampling * s,
@@ -32,42 +60,19 @@ int pq_sample_logits(const float * logits, int32_t n_vocab, const pq_sampling * 
     float params[GGML_PYQWEN_SAMPLE_N_PARAMS];
     pq_sampler_params(s, uniform, params);
 
-    struct ggml_init_params ip = {
-        .mem_size   = 8 * ggml_tensor_overhead() + ggml_graph_overhead_custom(8, false),
-        .mem_buffer = NULL,
-        .no_alloc   = true,
-    };
-    struct ggml_context * ctx = ggml_init(ip);
+    struct ggml_context * ctx = pq_small_ctx();
     if (!ctx) return pq_fail("out of memory");
-    struct ggml_tensor * t_logits  = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, n_vocab, 1);
-    struct ggml_tensor * t_params  = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, GGML_PYQWEN_SAMPLE_N_PARAMS, 1);
-    struct ggml_tensor * t_history = ggml_new_tensor_2d(ctx, GGML_TYPE_I32, window > 0 ? window : 1, 1);
-    struct ggml_tensor * t_out     = ggml_pyqwen_sample(ctx, t_logits, t_params, t_history);
-    struct ggml_cgraph * gf = ggml_new_graph_custom(ctx, 8, false);
-    ggml_build_forward_expand(gf, t_out);
-
-    int rc = -1;
-    ggml_backend_buffer_t buf = NULL;
-    ggml_backend_t cpu = ggml_backend_cpu_init();
-    if (!cpu) { pq_fail("could not start the CPU backend"); goto done; }
-    ggml_backend_cpu_set_n_threads(cpu, 1);   /* one row: the op would use one thread anyway */
-    buf = ggml_backend_alloc_ctx_tensors(ctx, cpu);
-    if (!buf) { pq_fail("out of memory"); goto done; }
-
-    ggml_backend_tensor_set(t_logits, logits, 0, ggml_nbytes(t_logits));
-    ggml_backend_tensor_set(t_params, params, 0, sizeof(params));
-    if (window > 0) ggml_backend_tensor_set(t_history, history + (n_history - window), 0, sizeof(int32_t) * (size_t) window);
-    else            ggml_backend_tensor_set(t_history, &empty_slot, 0, sizeof(empty_slot));
-
-    if (ggml_backend_graph_compute(cpu, gf) != GGML_STATUS_SUCCESS) { pq_fail("sampling graph failed"); goto done; }
+    struct ggml_tensor * in[3] = {
+        ggml_new_tensor_2d(ctx, GGML_TYPE_F32, n_vocab, 1),
+        ggml_new_tensor_2d(ctx, GGML_TYPE_F32, GGML_PYQWEN_SAMPLE_N_PARAMS, 1),
+        ggml_new_tensor_2d(ctx, GGML_TYPE_I32, window > 0 ? window : 1, 1),
+    };
+    const void * data[3] = { logits, params, window > 0 ? (const void *) (history + (n_history - window)) : &empty_slot };
     int32_t token = -1;
-    ggml_backend_tensor_get(t_out, &token, 0, sizeof(token));
-    if (token < 0) { pq_fail("cannot sample: every logit is NaN"); goto done; }
-    *out_token = token;
-    rc = 0;
-done:
-    if (buf) ggml_backend_buffer_free(buf);
-    if (cpu) ggml_backend_free(cpu);
+    /* one row: the op would use one thread anyway */
+    int rc = pq_run_on_cpu(ctx, ggml_pyqwen_sample(ctx, in[0], in[1], in[2]), in, data, 3, 1, &token);
     ggml_free(ctx);
+    if (rc == 0 && token < 0) rc = pq_fail("cannot sample: every logit is NaN");
+    if (rc == 0) *out_token = token;
     return rc;
 }
