@@ -146,12 +146,15 @@ static void emulate_mul_mat(int type, const uint8_t * w, const uint8_t * xq, con
                 for (int i = 0; i < 4; ++i) partial[(size_t) warp*128 + lane*4 + i] = acc[lane][i];
             }
         }
-        for (int tid = 0; tid < 128; ++tid) {
-            float sum = 0.0f;
-            for (int wi = 0; wi < nwarps; ++wi) sum += partial[(size_t) wi*128 + tid];
-            const int l = tid / 4, i = tid % 4;
-            const int row = l / 4 + 8*(i / 2), tok = 2*(l % 4) + i % 2;
-            if (tok < m && row < nrows) y[(size_t) tok*n + row0 + row] = sum*gemv_il_out_scale(type);
+        // the CTA's nwarps*32 threads stride over the 128 outputs, as the kernel does
+        for (int tid = 0; tid < nwarps*32; ++tid) {
+            for (int e = tid; e < 128; e += nwarps*32) {
+                float sum = 0.0f;
+                for (int wi = 0; wi < nwarps; ++wi) sum += partial[(size_t) wi*128 + e];
+                const int l = e / 4, i = e % 4;
+                const int row = l / 4 + 8*(i / 2), tok = 2*(l % 4) + i % 2;
+                if (tok < m && row < nrows) y[(size_t) tok*n + row0 + row] = sum*gemv_il_out_scale(type);
+            }
         }
     }
 }

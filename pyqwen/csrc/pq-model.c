@@ -252,6 +252,17 @@ static int init_backends(struct pq_model * m, const pq_model_params * p) {
     return 0;
 }
 
+/* GPU weights go to the interleaved buffer type: Q4_0/Q8_0/Q4_K matrices are re-laid out once for
+ * the skinny GEMV of ggml-patches 0006, everything else is stored as in the plain CUDA buffer.
+ * PYQWEN_GEMV=upstream keeps ggml's layout and kernels (for A/B benchmarks). */
+static ggml_backend_buffer_type_t gpu_weight_buffer_type(const struct pq_model * m) {
+#ifdef PYQWEN_WITH_CUDA
+    const char * gemv = getenv("PYQWEN_GEMV");
+    if (!gemv || strcmp(gemv, "upstream") != 0) return ggml_backend_cuda_gemv_il_buffer_type(0);
+#endif
+    return ggml_backend_get_default_buffer_type(m->backend_gpu);
+}
+
 int pq_model_load(const char * path, const pq_model_params * params, pq_model ** out) {
     *out = NULL;
     pq_verbose = params->verbose != 0;
@@ -338,7 +349,7 @@ int pq_model_load(const char * path, const pq_model_params * params, pq_model **
     if (!m->buf_cpu) { pq_fail("out of host memory for the weights"); goto done; }
     ggml_backend_buffer_set_usage(m->buf_cpu, GGML_BACKEND_BUFFER_USAGE_WEIGHTS);
     if (m->ctx_gpu && ggml_get_first_tensor(m->ctx_gpu)) {
-        m->buf_gpu = ggml_backend_alloc_ctx_tensors_from_buft(m->ctx_gpu, ggml_backend_get_default_buffer_type(m->backend_gpu));
+        m->buf_gpu = ggml_backend_alloc_ctx_tensors_from_buft(m->ctx_gpu, gpu_weight_buffer_type(m));
         if (!m->buf_gpu) { pq_fail("out of GPU memory for the weights"); goto done; }
         ggml_backend_buffer_set_usage(m->buf_gpu, GGML_BACKEND_BUFFER_USAGE_WEIGHTS);
     }

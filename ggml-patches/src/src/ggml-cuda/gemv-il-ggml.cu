@@ -72,30 +72,55 @@ static int gemv_il_nwarps(const int device, const int type, const int64_t n, con
     });
 }
 
-void ggml_cuda_mul_mat_gemv_il(ggml_backend_cuda_context & ctx, const ggml_tensor * src0, const ggml_tensor * src1, ggml_tensor * dst) {
+// Token groups of 8 up to this many; a larger batch (prefill) de-interleaves the weight once, about
+// three weight reads and writes in all, and leaves the product to upstream's kernels.
+static constexpr int GEMV_IL_MAX_GROUPS = 3;
+
+bool ggml_cuda_mul_mat_gemv_il(ggml_backend_cuda_context & ctx, const ggml_tensor * src0, const ggml_tensor * src1, ggml_tensor * dst,
+                               ggml_tensor & plain, ggml_cuda_pool_alloc<uint8_t> & plain_data) {
     GGML_ASSERT(src1->type == GGML_TYPE_F32 && dst->type == GGML_TYPE_F32);
     GGML_ASSERT(src1->ne[0] == src0->ne[0] && src1->nb[0] == sizeof(float) && dst->nb[0] == sizeof(float));
     GGML_ASSERT(src1->ne[2] == 1 && src1->ne[3] == 1); // the weight is 2-D, so no broadcast
 
     const int type = gemv_il_type(src0->type);
     const int64_t k = src0->ne[0], n = src0->ne[1], m = src1->ne[1];
-    const int nwarps = gemv_il_nwarps(ctx.device, type, n, k);
+    cudaStream_t stream = ctx.stream();
 
+    if ((m + GEMV_IL_MAX_TOKENS - 1)/GEMV_IL_MAX_TOKENS > GEMV_IL_MAX_GROUPS) {
+        const size_t nbytes   = ggml_nbytes(src0);
+        const size_t padded   = ggml_backend_buft_get_alloc_size(src0->buffer->buft, src0);
+        const int64_t ntiles  = n / GEMV_IL_TILE_ROWS;
+        const size_t il_bytes = (size_t) ntiles*gemv_il_tile_bytes(type, k);
+        uint8_t * out = plain_data.alloc(padded);
+        if (ntiles > 0) {
+            gemv_il_relayout_cuda(type, (const uint8_t *) src0->data, out, k, ntiles, /*inverse =*/ true, stream);
+        }
+        if (nbytes > il_bytes) { // the partial last tile is stored as ggml rows
+            CUDA_CHECK(cudaMemcpyAsync(out + il_bytes, (const uint8_t *) src0->data + il_bytes, nbytes - il_bytes, cudaMemcpyDeviceToDevice, stream));
+        }
+        if (padded > nbytes) { // upstream's kernels read the row padding of the last row
+            CUDA_CHECK(cudaMemsetAsync(out + nbytes, 0, padded - nbytes, stream));
+        }
+        plain = *src0;
+        plain.data = out;
+        return false;
+    }
+
+    const int nwarps = gemv_il_nwarps(ctx.device, type, n, k);
     ggml_cuda_pool_alloc<uint8_t> xq(ctx.pool(), gemv_il_xq_bytes(k));
     ggml_cuda_pool_alloc<float>   xs(ctx.pool(), 2*gemv_il_xs_count(k));
     const int64_t stride_x = src1->nb[1]/sizeof(float), stride_dst = dst->nb[1]/sizeof(float);
-    // Token rows in groups of 8; more than 8 (prefill) re-reads the weight per group until the slab
-    // de-interleave to upstream mmq exists (README, "Large batches").
     for (int64_t m0 = 0; m0 < m; m0 += GEMV_IL_MAX_TOKENS) {
         const int mm = (int) std::min<int64_t>(GEMV_IL_MAX_TOKENS, m - m0);
         ggml_cuda_kernel_launch(gemv_il_quantize,
-            ggml_cuda_kernel_launch_params(dim3(k/32), dim3(GEMV_IL_MAX_TOKENS*WARP_SIZE), 0, ctx.stream()),
+            ggml_cuda_kernel_launch_params(dim3(k/32), dim3(GEMV_IL_MAX_TOKENS*WARP_SIZE), 0, stream),
             (const float *) src1->data + m0*stride_x, stride_x, mm, xq.get(), xs.get());
         ggml_cuda_kernel_launch(gemv_il_kernel(type),
-            ggml_cuda_kernel_launch_params(dim3((n + GEMV_IL_TILE_ROWS - 1)/GEMV_IL_TILE_ROWS), dim3(nwarps*WARP_SIZE), 0, ctx.stream()),
+            ggml_cuda_kernel_launch_params(dim3((n + GEMV_IL_TILE_ROWS - 1)/GEMV_IL_TILE_ROWS), dim3(nwarps*WARP_SIZE), 0, stream),
             (const uint8_t *) src0->data, (const uint8_t *) xq.get(), (const float *) xs.get(),
             (float *) dst->data + m0*stride_dst, (int) n, (int) k, mm, stride_dst);
     }
+    return true;
 }
 
 // ---- the buffer ----

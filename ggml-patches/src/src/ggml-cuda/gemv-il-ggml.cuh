@@ -9,7 +9,10 @@
 // ggml's, so only ggml_cuda_mul_mat_gemv_il may read it.
 bool ggml_cuda_gemv_il_owns(const ggml_tensor * src0);
 
-// dst = src0 x src1 for an owned src0: 8 token rows of src1 per GEMV launch.
-void ggml_cuda_mul_mat_gemv_il(ggml_backend_cuda_context & ctx, const ggml_tensor * src0, const ggml_tensor * src1, ggml_tensor * dst);
+// dst = src0 x src1 for an owned src0, 8 token rows of src1 per GEMV launch; returns true. For a
+// prefill-sized src1 it returns false instead, with `plain` = src0 de-interleaved into `plain_data`
+// (pool memory that must live until upstream's kernels have read it).
+bool ggml_cuda_mul_mat_gemv_il(ggml_backend_cuda_context & ctx, const ggml_tensor * src0, const ggml_tensor * src1, ggml_tensor * dst,
+                               ggml_tensor & plain, ggml_cuda_pool_alloc<uint8_t> & plain_data);
 
 bool ggml_backend_buft_is_cuda_gemv_il(ggml_backend_buffer_type_t buft);
