@@ -229,6 +229,19 @@ static void run_shape(int type, const shape & sh, uint64_t seed, cudaStream_t st
         CUDA_CHECK(cudaMemcpyAsync(il_dev.data(), d_back.p, wbytes, cudaMemcpyDeviceToHost, st));
         CUDA_CHECK(cudaStreamSynchronize(st));
         report(il_dev == w, "%s k=%d n=%d: device inverse re-layout gives the ggml bytes back", tn, k, n);
+
+        // the prefill path's out-of-place de-interleave (full tiles; the partial tile is copied raw)
+        const int64_t ntiles = n / GEMV_IL_TILE_ROWS, il_bytes = ntiles*tb;
+        std::vector<uint8_t> plain(wbytes, 0xAB), want(w.begin(), w.begin() + il_bytes);
+        CUDA_CHECK(cudaMemsetAsync(d_back.p, 0xAB, wbytes, st));
+        if (ntiles > 0) gemv_il_deinterleave_cuda(type, d_il.as<uint8_t>(), d_back.as<uint8_t>(), k, ntiles, st);
+        CUDA_CHECK(cudaMemcpyAsync(plain.data(), d_back.p, wbytes, cudaMemcpyDeviceToHost, st));
+        CUDA_CHECK(cudaStreamSynchronize(st));
+        report(std::equal(want.begin(), want.end(), plain.begin()), "%s k=%d n=%d: device de-interleave (prefill) gives the ggml bytes", tn, k, n);
+        if (ntiles > 0 && il_bytes >= (64 << 20)) {
+            const double us = time_graph(st, 4, [&](int) { gemv_il_deinterleave_cuda(type, d_il.as<uint8_t>(), d_back.as<uint8_t>(), k, ntiles, st); });
+            printf("     de-interleave %s k=%d n=%d: %.1f us, %.0f GB/s read + written\n", tn, k, n, us, 2e-3*il_bytes/us);
+        }
     }
 
     // reference: every output of the 8 token rows, float64

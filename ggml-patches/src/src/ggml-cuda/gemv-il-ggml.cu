@@ -93,7 +93,7 @@ bool ggml_cuda_mul_mat_gemv_il(ggml_backend_cuda_context & ctx, const ggml_tenso
         const size_t il_bytes = (size_t) ntiles*gemv_il_tile_bytes(type, k);
         uint8_t * out = plain_data.alloc(padded);
         if (ntiles > 0) {
-            gemv_il_relayout_cuda(type, (const uint8_t *) src0->data, out, k, ntiles, /*inverse =*/ true, stream);
+            gemv_il_deinterleave_cuda(type, (const uint8_t *) src0->data, out, k, ntiles, stream);
         }
         if (nbytes > il_bytes) { // the partial last tile is stored as ggml rows
             CUDA_CHECK(cudaMemcpyAsync(out + il_bytes, (const uint8_t *) src0->data + il_bytes, nbytes - il_bytes, cudaMemcpyDeviceToDevice, stream));

@@ -291,14 +291,55 @@ static __global__ void gemv_il_relayout(const uint8_t * src, uint8_t * dst, cons
     }
 }
 
-// Out-of-place re-layout of ntiles full tiles from src to dst (not overlapping), on `stream`.
-static void gemv_il_relayout_cuda(const int type, const uint8_t * src, uint8_t * dst, const int64_t k, const int64_t ntiles,
-                                  const bool inverse, cudaStream_t stream) {
-    const int64_t tile_bytes = gemv_il_tile_bytes(type, k);
-    const int nblocks = (int) std::min<int64_t>(4096, (ntiles*tile_bytes/4 + 255)/256);
-    const auto kernel = type == GEMV_IL_Q4_0 ? gemv_il_relayout<GEMV_IL_Q4_0> :
-                        type == GEMV_IL_Q8_0 ? gemv_il_relayout<GEMV_IL_Q8_0> : gemv_il_relayout<GEMV_IL_Q4_K>;
-    kernel<<<nblocks, 256, 0, stream>>>(src, dst, k, ntiles, inverse);
+// Interleaved -> ggml rows for a prefill (out of place, full tiles only). CTA (tile, group of
+// GEMV_IL_DEINTERLEAVE_CHUNKS chunks): the chunks are read with coalesced word loads, permuted in shared
+// memory, and each of the 16 rows' bytes of those chunks is written as one contiguous 16-byte aligned run
+// (chunk row bytes are 144 or 272, multiples of 16). 32-bit index math only: the generic re-layout's
+// 64-bit divisions per word made it several times slower.
+#define GEMV_IL_DEINTERLEAVE_CHUNKS 4
+template <int type>
+static __global__ void __launch_bounds__(256)
+gemv_il_deinterleave(const uint8_t * src, uint8_t * dst, const int64_t k) {
+    constexpr int G   = GEMV_IL_DEINTERLEAVE_CHUNKS;
+    constexpr int CB  = gemv_il_chunk_bytes(type);
+    constexpr int CRB = gemv_il_chunk_row_bytes(type);
+    constexpr int QW  = gemv_il_quant_bytes(type)/4;
+    constexpr int U   = QW + GEMV_IL_SCALE_BYTES/2; // units per chunk: quant words, then 2-byte meta
+    __shared__ __align__(16) uint8_t plain[GEMV_IL_TILE_ROWS*G*CRB]; // row r: chunks c0.. back to back
+
+    const int nchunks = (int) (k/GEMV_IL_CHUNK_K);
+    const int c0 = blockIdx.y*G, nc = min(G, nchunks - c0);
+    const int64_t tile = (int64_t) blockIdx.x*gemv_il_tile_bytes(type, k);
+    const uint8_t * s = src + tile + (int64_t) c0*CB;
+
+    for (int u = threadIdx.x; u < nc*U; u += blockDim.x) {
+        const int cc = u / U, v = u % U;
+        const bool is_q = v < QW;
+        const gemv_il_src o = is_q ? gemv_il_quant_src(type, v) : gemv_il_scale_src(type, v - QW);
+        const uint16_t * from = (const uint16_t *) (s + cc*CB + (is_q ? 4*v : gemv_il_quant_bytes(type) + 2*(v - QW)));
+        uint16_t * to = (uint16_t *) (plain + o.row*(G*CRB) + cc*CRB + o.blk*gemv_il_block_bytes(type) + o.off);
+        to[0] = from[0];
+        if (is_q) {
+            to[1] = from[1];
+        }
+    }
+    __syncthreads();
+
+    const int run = nc*CRB/16; // 16-byte units per row
+    uint8_t * d = dst + tile + (int64_t) c0*CRB;
+    const int64_t row_bytes = gemv_il_row_bytes(type, k);
+    for (int i = threadIdx.x; i < GEMV_IL_TILE_ROWS*run; i += blockDim.x) {
+        const int r = i / run, b = i % run;
+        *(uint4 *) (d + r*row_bytes + 16*b) = *(const uint4 *) (plain + r*(G*CRB) + 16*b);
+    }
+}
+
+static void gemv_il_deinterleave_cuda(const int type, const uint8_t * src, uint8_t * dst, const int64_t k, const int64_t ntiles,
+                                      cudaStream_t stream) {
+    const dim3 grid((unsigned) ntiles, (unsigned) ((k/GEMV_IL_CHUNK_K + GEMV_IL_DEINTERLEAVE_CHUNKS - 1)/GEMV_IL_DEINTERLEAVE_CHUNKS));
+    const auto kernel = type == GEMV_IL_Q4_0 ? gemv_il_deinterleave<GEMV_IL_Q4_0> :
+                        type == GEMV_IL_Q8_0 ? gemv_il_deinterleave<GEMV_IL_Q8_0> : gemv_il_deinterleave<GEMV_IL_Q4_K>;
+    kernel<<<grid, 256, 0, stream>>>(src, dst, k);
     CUDA_CHECK(cudaGetLastError());
 }
 
@@ -313,7 +354,11 @@ static void gemv_il_relayout_inplace_cuda(const int type, uint8_t * data, const 
     for (int64_t t0 = 0; t0 < ntiles; t0 += per_batch) {
         const int64_t nt = std::min(per_batch, ntiles - t0);
         CUDA_CHECK(cudaMemcpyAsync(scratch, data + t0*tile_bytes, nt*tile_bytes, cudaMemcpyDeviceToDevice, stream));
-        gemv_il_relayout_cuda(type, scratch, data + t0*tile_bytes, k, nt, inverse, stream);
+        const int nblocks = (int) std::min<int64_t>(4096, (nt*tile_bytes/4 + 255)/256);
+        const auto kernel = type == GEMV_IL_Q4_0 ? gemv_il_relayout<GEMV_IL_Q4_0> :
+                            type == GEMV_IL_Q8_0 ? gemv_il_relayout<GEMV_IL_Q8_0> : gemv_il_relayout<GEMV_IL_Q4_K>;
+        kernel<<<nblocks, 256, 0, stream>>>(scratch, data + t0*tile_bytes, k, nt, inverse);
+        CUDA_CHECK(cudaGetLastError());
     }
 }
 
