@@ -10,6 +10,13 @@ static struct ggml_tensor * norm(struct ggml_context * c, struct ggml_tensor * x
     return ggml_mul(c, ggml_rms_norm(c, x, eps), w);
 }
 
+/* Rows [first, first + count) of every column of a matrix product's output [rows, n]: a view, made
+ * contiguous only where a consumer needs it and n > 1 leaves gaps. */
+static struct ggml_tensor * rows(struct ggml_context * c, struct ggml_tensor * y, int64_t first, int64_t count, bool contiguous) {
+    struct ggml_tensor * v = ggml_view_2d(c, y, count, y->ne[1], y->nb[1], first * ggml_element_size(y));
+    return contiguous && !ggml_is_contiguous(v) ? ggml_cont(c, v) : v;
+}
+
 /* x / sqrt(sum(x^2) + eps) along rows, written as an RMS norm so it is one fused op. */
 static struct ggml_tensor * l2_norm(struct ggml_context * c, struct ggml_tensor * x, float eps) {
     const float n = (float) x->ne[0];
@@ -25,11 +32,22 @@ static struct ggml_tensor * deltanet_block(struct pq_ctx * ctx, struct ggml_cont
     const int64_t S = hp->ssm_d_state, HK = hp->ssm_n_k_heads, HV = hp->ssm_n_v_heads;
     const int64_t C = pq_conv_channels(hp), K1 = hp->conv_kernel - 1;
 
-    struct ggml_tensor * qkv = pq_linear(m, c, L->wqkv, h);                      /* [C, n] */
-    struct ggml_tensor * z   = pq_linear(m, c, L->wz, h);                        /* [HV*S, n] */
-    struct ggml_tensor * beta = ggml_sigmoid(c, pq_linear(m, c, L->w_beta, h));  /* [HV, n] */
+    struct ggml_tensor * qkv, * z, * beta, * alpha;                              /* [C | HV*S | HV | HV, n] */
+    if (L->in_proj) {
+        struct ggml_tensor * y = pq_linear(m, c, L->in_proj, h);
+        qkv   = rows(c, y, 0, C, false);
+        z     = rows(c, y, C, HV * S, true);
+        beta  = rows(c, y, C + HV * S, HV, true);
+        alpha = rows(c, y, C + HV * S + HV, HV, false);
+    } else {
+        qkv   = pq_linear(m, c, L->wqkv, h);
+        z     = pq_linear(m, c, L->wz, h);
+        beta  = pq_linear(m, c, L->w_beta, h);
+        alpha = pq_linear(m, c, L->w_alpha, h);
+    }
+    beta = ggml_sigmoid(c, beta);
     /* decay g = -exp(A_log) * softplus(alpha + dt_bias), kept in log space for the op */
-    struct ggml_tensor * alpha = ggml_add(c, pq_linear(m, c, L->w_alpha, h), L->dt_bias);
+    alpha = ggml_add(c, alpha, L->dt_bias);
     struct ggml_tensor * gate = ggml_mul(c, ggml_softplus(c, alpha), L->ssm_a);
 
     /* causal conv1d over [previous K1 inputs | this pass], then keep the last K1 as new state */
@@ -70,13 +88,22 @@ static struct ggml_tensor * attention_block(struct pq_ctx * ctx, struct pq_graph
     const int64_t n = h->ne[1], D = hp->head_dim, NH = hp->n_head, NKV = hp->n_head_kv;
 
     /* q_proj holds, per head, D query rows followed by D gate rows */
-    struct ggml_tensor * qg = pq_linear(m, c, L->wq, h);                        /* [2*D*NH, n] */
+    struct ggml_tensor * qg, * k, * v;                                          /* [2*D*NH | D*NKV | D*NKV, n] */
+    if (L->qkv_proj) {
+        struct ggml_tensor * y = pq_linear(m, c, L->qkv_proj, h);
+        qg = rows(c, y, 0, 2 * D * NH, false);
+        k  = rows(c, y, 2 * D * NH, D * NKV, false);
+        v  = rows(c, y, 2 * D * NH + D * NKV, D * NKV, false);
+    } else {
+        qg = pq_linear(m, c, L->wq, h);
+        k  = pq_linear(m, c, L->wk, h);
+        v  = pq_linear(m, c, L->wv, h);
+    }
     const size_t es = ggml_element_size(qg);
-    struct ggml_tensor * q = ggml_view_3d(c, qg, D, NH, n, 2 * D * es, 2 * D * NH * es, 0);
-    struct ggml_tensor * gate = ggml_cont_2d(c, ggml_view_3d(c, qg, D, NH, n, 2 * D * es, 2 * D * NH * es, D * es), D * NH, n);
+    struct ggml_tensor * q = ggml_view_3d(c, qg, D, NH, n, 2 * D * es, qg->nb[1], 0);
+    struct ggml_tensor * gate = ggml_cont_2d(c, ggml_view_3d(c, qg, D, NH, n, 2 * D * es, qg->nb[1], D * es), D * NH, n);
     q = norm(c, q, L->q_norm, hp->norm_eps);
-    struct ggml_tensor * k = norm(c, ggml_reshape_3d(c, pq_linear(m, c, L->wk, h), D, NKV, n), L->k_norm, hp->norm_eps);
-    struct ggml_tensor * v = ggml_reshape_3d(c, pq_linear(m, c, L->wv, h), D, NKV, n);
+    k = norm(c, ggml_view_3d(c, k, D, NKV, n, D * es, k->nb[1], 0), L->k_norm, hp->norm_eps);
 
     /* Text positions are equal in all M-RoPE sections, which makes interleaved M-RoPE plain NeoX
      * rotation of the first n_rot dims. */
@@ -85,7 +112,7 @@ static struct ggml_tensor * attention_block(struct pq_ctx * ctx, struct pq_graph
 
     struct ggml_tensor * kc = ctx->k_cache[il], * vc = ctx->v_cache[il];        /* [D*NKV, n_ctx] */
     ggml_build_forward_expand(gf, ggml_set_rows(c, kc, ggml_reshape_2d(c, k, D * NKV, n), g->inp_kv_idx));
-    ggml_build_forward_expand(gf, ggml_set_rows(c, vc, ggml_reshape_2d(c, v, D * NKV, n), g->inp_kv_idx));
+    ggml_build_forward_expand(gf, ggml_set_rows(c, vc, v, g->inp_kv_idx));
     struct ggml_tensor * K = ggml_view_3d(c, kc, D, g->n_kv, NKV, kc->nb[1], ggml_row_size(kc->type, D), 0);
     struct ggml_tensor * V = ggml_view_3d(c, vc, D, g->n_kv, NKV, vc->nb[1], ggml_row_size(vc->type, D), 0);
 
@@ -97,7 +124,8 @@ static struct ggml_tensor * attention_block(struct pq_ctx * ctx, struct pq_graph
 
 static struct ggml_tensor * ffn_block(const struct pq_model * m, struct ggml_context * c, const struct pq_layer * L,
                                       struct ggml_tensor * h) {
-    struct ggml_tensor * act = ggml_swiglu_split(c, pq_linear(m, c, L->ffn_gate, h), pq_linear(m, c, L->ffn_up, h));
+    struct ggml_tensor * act = L->gate_up ? ggml_swiglu(c, pq_linear(m, c, L->gate_up, h))  /* silu(first half) * second */
+                                          : ggml_swiglu_split(c, pq_linear(m, c, L->ffn_gate, h), pq_linear(m, c, L->ffn_up, h));
     return pq_linear(m, c, L->ffn_down, act);
 }
 

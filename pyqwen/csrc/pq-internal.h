@@ -74,6 +74,12 @@ struct pq_layer {
     struct ggml_tensor * ffn_gate;
     struct ggml_tensor * ffn_up;
     struct ggml_tensor * ffn_down;
+    /* Projections of one input stacked row-wise at load (pq-model.c, stack_rows); NULL where the
+     * parts differ in type or are rotated, and the parts above are used instead. A stack's parts are
+     * NULL. */
+    struct ggml_tensor * in_proj;   /* DeltaNet: qkv | z | beta | alpha */
+    struct ggml_tensor * qkv_proj;  /* attention: q (with gate) | k | v */
+    struct ggml_tensor * gate_up;   /* FFN: gate | up */
     bool on_gpu;
 };
 

@@ -152,6 +152,11 @@ struct tensor_req {
     int layer;                   /* -1 for tensors outside the blocks */
     bool optional;
     bool f32_only;               /* element-wise parameters must stay f32 */
+    /* found while loading */
+    const struct ggml_tensor * src;  /* the file's tensor; NULL if absent */
+    bool gpu;
+    struct ggml_tensor * into;       /* the tensor its bytes go to: its own, or a stack (stack_rows) */
+    size_t at;                       /* byte offset in `into` */
 };
 
 static bool type_supported(enum ggml_type t) {
@@ -213,24 +218,60 @@ static int check_tensor(const struct ggml_tensor * t, const struct tensor_req * 
     return 0;
 }
 
-static int read_tensor_data(FILE * f, size_t offset, struct ggml_tensor * t, void ** scratch, size_t * scratch_size) {
-    const size_t nbytes = ggml_nbytes(t);
-    void * dst = t->data;
-    const bool host = ggml_backend_buffer_is_host(t->buffer);
+static int read_tensor_data(FILE * f, size_t offset, const struct tensor_req * r, void ** scratch, size_t * scratch_size) {
+    const size_t nbytes = ggml_nbytes(r->src);
+    void * dst = (char *) r->into->data + r->at;
+    const bool host = ggml_backend_buffer_is_host(r->into->buffer);
     if (!host) {
         if (*scratch_size < nbytes) {
             free(*scratch);
             *scratch = malloc(nbytes);
             *scratch_size = *scratch ? nbytes : 0;
-            if (!*scratch) return pq_fail("out of host memory reading %s", ggml_get_name(t));
+            if (!*scratch) return pq_fail("out of host memory reading %s", r->name);
         }
         dst = *scratch;
     }
     if (fseeko(f, (off_t) offset, SEEK_SET) != 0 || fread(dst, 1, nbytes, f) != nbytes) {
-        return pq_fail("could not read the data of tensor %s (file truncated?)", ggml_get_name(t));
+        return pq_fail("could not read the data of tensor %s (file truncated?)", r->name);
     }
-    if (!host) ggml_backend_tensor_set(t, dst, 0, nbytes);
+    if (!host) ggml_backend_tensor_set(r->into, dst, r->at, nbytes);
     return 0;
+}
+
+static struct tensor_req * find_req(struct tensor_req * reqs, int n_req, struct ggml_tensor ** dst) {
+    for (int i = 0; i < n_req; ++i) {
+        if (reqs[i].dst == dst) return &reqs[i];
+    }
+    return NULL;
+}
+
+/* Projections of the same input, stacked row-wise into one weight so that one matrix product (one
+ * activation quantization, one GEMV launch on the GPU) replaces several: possible when they share
+ * type, width and placement and none is stored rotated. Sets *stack, or leaves it NULL. */
+static void stack_rows(struct pq_model * m, const struct gguf_context * g, struct tensor_req * reqs, int n_req,
+                       struct ggml_tensor ** stack, const char * name, int il, struct ggml_tensor ** parts[], int n_parts) {
+    struct tensor_req * r[4];
+    int64_t rows = 0;
+    for (int i = 0; i < n_parts; ++i) {
+        r[i] = find_req(reqs, n_req, parts[i]);
+        if (!r[i] || !r[i]->src) return;
+        const struct ggml_tensor * a = r[i]->src, * b = r[0]->src;
+        char key[160];
+        snprintf(key, sizeof(key), "pyqwen.hadamard.%s", r[i]->name);
+        if (a->type != b->type || a->type >= GGML_TYPE_COUNT || a->ne[0] != b->ne[0] || r[i]->gpu != r[0]->gpu ||
+            gguf_find_key(g, key) >= 0) {
+            return;
+        }
+        rows += a->ne[1];
+    }
+    *stack = ggml_new_tensor_2d(r[0]->gpu ? m->ctx_gpu : m->ctx_cpu, r[0]->src->type, r[0]->src->ne[0], rows);
+    ggml_format_name(*stack, "blk.%d.%s.stacked", il, name);
+    size_t at = 0;
+    for (int i = 0; i < n_parts; ++i) {
+        r[i]->into = *stack;
+        r[i]->at = at;
+        at += ggml_nbytes(r[i]->src);
+    }
 }
 
 static int init_backends(struct pq_model * m, const pq_model_params * p) {
@@ -314,32 +355,49 @@ int pq_model_load(const char * path, const pq_model_params * params, pq_model **
 
     int n_req = 0;
     collect_requirements(m, reqs, &n_req);
-    const size_t ctx_size = (size_t) (n_req + 1) * ggml_tensor_overhead();
+    const size_t ctx_size = (size_t) (n_req + 3 * m->hp.n_layer + 1) * ggml_tensor_overhead();  /* + stacks */
     struct ggml_init_params ip = { .mem_size = ctx_size, .mem_buffer = NULL, .no_alloc = true };
     m->ctx_cpu = ggml_init(ip);
     if (m->backend_gpu) m->ctx_gpu = ggml_init(ip);
 
     /* the model's tensors by name; others in the file (the pyqwen.requires marker, pq-linear.c) stay unread */
     for (int i = 0; i < n_req; ++i) {
-        const struct tensor_req * r = &reqs[i];
-        struct ggml_tensor * src = ggml_get_tensor(meta, r->name);
-        if (!src) {
+        struct tensor_req * r = &reqs[i];
+        r->src = ggml_get_tensor(meta, r->name);
+        if (!r->src) {
             if (r->optional) continue;
             pq_fail("tensor %s is missing", r->name);
             goto done;
         }
-        if (check_tensor(src, r)) goto done;
-        bool gpu = m->backend_gpu && (r->layer >= 0 ? r->layer >= m->hp.n_layer - m->n_gpu_layers : m->output_on_gpu);
+        if (check_tensor(r->src, r)) goto done;
+        r->gpu = m->backend_gpu && (r->layer >= 0 ? r->layer >= m->hp.n_layer - m->n_gpu_layers : m->output_on_gpu);
         /* the embedding lookup is a gather: it stays on the CPU like upstream's input layer */
-        if (r->dst == &m->tok_embd) gpu = false;
-        if (gpu && !pq_gpu_can_multiply(m->backend_gpu, src)) gpu = false;
-        struct ggml_tensor * t = ggml_dup_tensor(gpu ? m->ctx_gpu : m->ctx_cpu, src);
-        ggml_set_name(t, r->name);
-        *r->dst = t;
-        if (pq_load_rotation(m, g, r->name, t, !r->f32_only && r->dst != &m->tok_embd)) goto done;
-        if (r->layer >= 0) m->layers[r->layer].on_gpu = gpu;
-        m->n_params += ggml_nelements(t);
-        m->size_bytes += ggml_nbytes(t);
+        if (r->dst == &m->tok_embd) r->gpu = false;
+        if (r->gpu && !pq_gpu_can_multiply(m->backend_gpu, r->src)) r->gpu = false;
+    }
+    for (int il = 0; il < m->hp.n_layer; ++il) {
+        struct pq_layer * L = &m->layers[il];
+        if (pq_is_recurrent(&m->hp, il)) {
+            struct ggml_tensor ** in[] = { &L->wqkv, &L->wz, &L->w_beta, &L->w_alpha };
+            stack_rows(m, g, reqs, n_req, &L->in_proj, "in_proj", il, in, 4);
+        } else {
+            struct ggml_tensor ** qkv[] = { &L->wq, &L->wk, &L->wv };
+            stack_rows(m, g, reqs, n_req, &L->qkv_proj, "qkv_proj", il, qkv, 3);
+        }
+        struct ggml_tensor ** ffn[] = { &L->ffn_gate, &L->ffn_up };
+        stack_rows(m, g, reqs, n_req, &L->gate_up, "gate_up", il, ffn, 2);
+    }
+    for (int i = 0; i < n_req; ++i) {
+        struct tensor_req * r = &reqs[i];
+        if (!r->src) continue;
+        if (!r->into) {  /* not stacked: a tensor of its own */
+            r->into = *r->dst = ggml_dup_tensor(r->gpu ? m->ctx_gpu : m->ctx_cpu, r->src);
+            ggml_set_name(r->into, r->name);
+            if (pq_load_rotation(m, g, r->name, r->into, !r->f32_only && r->dst != &m->tok_embd)) goto done;
+        }
+        if (r->layer >= 0) m->layers[r->layer].on_gpu = r->gpu;
+        m->n_params += ggml_nelements(r->src);
+        m->size_bytes += ggml_nbytes(r->src);
     }
     if (!m->output) {
         m->output = m->tok_embd;   /* tied embeddings */
@@ -355,11 +413,11 @@ int pq_model_load(const char * path, const pq_model_params * params, pq_model **
     }
 
     for (int i = 0; i < n_req; ++i) {
-        struct ggml_tensor * t = *reqs[i].dst;
-        if (!t || strcmp(ggml_get_name(t), reqs[i].name) != 0) continue;
-        const int64_t ti = gguf_find_tensor(g, reqs[i].name);
-        if (read_tensor_data(f, data_offset + gguf_get_tensor_offset(g, ti), t, &scratch, &scratch_size) ||
-            pq_load_codebook(g, reqs[i].name, t)) goto done;
+        const struct tensor_req * r = &reqs[i];
+        if (!r->src) continue;
+        const int64_t ti = gguf_find_tensor(g, r->name);
+        if (read_tensor_data(f, data_offset + gguf_get_tensor_offset(g, ti), r, &scratch, &scratch_size) ||
+            (r->into == *r->dst && pq_load_codebook(g, r->name, r->into))) goto done;
     }
     rc = 0;
 
