@@ -111,7 +111,8 @@ static struct ggml_tensor * attention_block(struct pq_ctx * ctx, struct pq_graph
     k = ggml_rope_ext(c, k, g->inp_pos, NULL, hp->n_rot, GGML_ROPE_TYPE_NEOX, 0, hp->rope_base, 1.0f, 0.0f, 1.0f, 0.0f, 0.0f);
 
     struct ggml_tensor * kc = ctx->k_cache[il], * vc = ctx->v_cache[il];        /* [D*NKV, n_ctx] */
-    ggml_build_forward_expand(gf, ggml_set_rows(c, kc, ggml_reshape_2d(c, k, D * NKV, n), g->inp_kv_idx));
+    /* a view (not a reshape) of the roped k: ggml-cuda fuses norm, rope, view and set_rows into one kernel */
+    ggml_build_forward_expand(gf, ggml_set_rows(c, kc, ggml_view_2d(c, k, D * NKV, n, k->nb[2], 0), g->inp_kv_idx));
     ggml_build_forward_expand(gf, ggml_set_rows(c, vc, v, g->inp_kv_idx));
     struct ggml_tensor * K = ggml_view_3d(c, kc, D, g->n_kv, NKV, kc->nb[1], ggml_row_size(kc->type, D), 0);
     struct ggml_tensor * V = ggml_view_3d(c, vc, D, g->n_kv, NKV, vc->nb[1], ggml_row_size(vc->type, D), 0);

@@ -72,6 +72,29 @@ static int gemv_il_nwarps(const int device, const int type, const int64_t n, con
     });
 }
 
+// dst = W x prologue(x) for m token rows of x (row stride stride_x floats), 8 rows per launch pair.
+static void gemv_il_launch(ggml_backend_cuda_context & ctx, const ggml_tensor * src0, const float * x, const int64_t stride_x,
+                           const int64_t m, const gemv_il_prologue prologue, const float * norm_w, const float eps, ggml_tensor * dst) {
+    const int type = gemv_il_type(src0->type);
+    const int64_t k = src0->ne[0], n = src0->ne[1];
+    const int nwarps = gemv_il_nwarps(ctx.device, type, n, k);
+    const auto quantize = prologue == GEMV_IL_RMS_NORM ? gemv_il_quantize<GEMV_IL_RMS_NORM> :
+                          prologue == GEMV_IL_SWIGLU   ? gemv_il_quantize<GEMV_IL_SWIGLU> : gemv_il_quantize<GEMV_IL_PLAIN>;
+    ggml_cuda_pool_alloc<uint8_t> xq(ctx.pool(), gemv_il_xq_bytes(k));
+    ggml_cuda_pool_alloc<float>   xs(ctx.pool(), 2*gemv_il_xs_count(k));
+    const int64_t stride_dst = dst->nb[1]/sizeof(float);
+    for (int64_t m0 = 0; m0 < m; m0 += GEMV_IL_MAX_TOKENS) {
+        const int mm = (int) std::min<int64_t>(GEMV_IL_MAX_TOKENS, m - m0);
+        ggml_cuda_kernel_launch(quantize,
+            ggml_cuda_kernel_launch_params(dim3(k/32), dim3(GEMV_IL_MAX_TOKENS*WARP_SIZE), 0, ctx.stream()),
+            x + m0*stride_x, stride_x, mm, xq.get(), xs.get(), norm_w, eps);
+        ggml_cuda_kernel_launch(gemv_il_kernel(type),
+            ggml_cuda_kernel_launch_params(dim3((n + GEMV_IL_TILE_ROWS - 1)/GEMV_IL_TILE_ROWS), dim3(nwarps*WARP_SIZE), 0, ctx.stream()),
+            (const uint8_t *) src0->data, (const uint8_t *) xq.get(), (const float *) xs.get(),
+            (float *) dst->data + m0*stride_dst, (int) n, (int) k, mm, stride_dst);
+    }
+}
+
 // Token groups of 8 up to this many; a larger batch (prefill) de-interleaves the weight once, about
 // three weight reads and writes in all, and leaves the product to upstream's kernels.
 static constexpr int GEMV_IL_MAX_GROUPS = 3;
@@ -106,21 +129,42 @@ bool ggml_cuda_mul_mat_gemv_il(ggml_backend_cuda_context & ctx, const ggml_tenso
         return false;
     }
 
-    const int nwarps = gemv_il_nwarps(ctx.device, type, n, k);
-    ggml_cuda_pool_alloc<uint8_t> xq(ctx.pool(), gemv_il_xq_bytes(k));
-    ggml_cuda_pool_alloc<float>   xs(ctx.pool(), 2*gemv_il_xs_count(k));
-    const int64_t stride_x = src1->nb[1]/sizeof(float), stride_dst = dst->nb[1]/sizeof(float);
-    for (int64_t m0 = 0; m0 < m; m0 += GEMV_IL_MAX_TOKENS) {
-        const int mm = (int) std::min<int64_t>(GEMV_IL_MAX_TOKENS, m - m0);
-        ggml_cuda_kernel_launch(gemv_il_quantize,
-            ggml_cuda_kernel_launch_params(dim3(k/32), dim3(GEMV_IL_MAX_TOKENS*WARP_SIZE), 0, stream),
-            (const float *) src1->data + m0*stride_x, stride_x, mm, xq.get(), xs.get());
-        ggml_cuda_kernel_launch(gemv_il_kernel(type),
-            ggml_cuda_kernel_launch_params(dim3((n + GEMV_IL_TILE_ROWS - 1)/GEMV_IL_TILE_ROWS), dim3(nwarps*WARP_SIZE), 0, stream),
-            (const uint8_t *) src0->data, (const uint8_t *) xq.get(), (const float *) xs.get(),
-            (float *) dst->data + m0*stride_dst, (int) n, (int) k, mm, stride_dst);
-    }
+    gemv_il_launch(ctx, src0, (const float *) src1->data, src1->nb[1]/sizeof(float), m, GEMV_IL_PLAIN, nullptr, 0.0f, dst);
     return true;
+}
+
+// Prologue fusion: RMS_NORM -> MUL (row vector) -> MUL_MAT and SWIGLU -> MUL_MAT, with an interleaved
+// weight and decode-sized rows, become one quantization (with the prologue) and the GEMV; the norm's
+// and the SwiGLU's outputs are never written.
+int ggml_cuda_gemv_il_try_fuse(ggml_backend_cuda_context & ctx, const ggml_cgraph * cgraph, const int i) {
+    const ggml_tensor * node = cgraph->nodes[i];
+    const auto fits = [](const ggml_tensor * mm, const ggml_tensor * x, const int64_t x_cols) {
+        return mm->op == GGML_OP_MUL_MAT && ggml_cuda_gemv_il_owns(mm->src[0]) && mm->type == GGML_TYPE_F32 &&
+               x->type == GGML_TYPE_F32 && x->nb[0] == sizeof(float) && x->ne[0] == x_cols && x->ne[2] == 1 && x->ne[3] == 1 &&
+               mm->src[1]->ne[1] <= GEMV_IL_MAX_TOKENS*GEMV_IL_MAX_GROUPS && mm->nb[0] == sizeof(float);
+    };
+    if (node->op == GGML_OP_RMS_NORM && ggml_can_fuse_subgraph(cgraph, i, { GGML_OP_RMS_NORM, GGML_OP_MUL, GGML_OP_MUL_MAT }, { i + 2 })) {
+        const ggml_tensor * mul = cgraph->nodes[i + 1], * mm = cgraph->nodes[i + 2], * x = node->src[0];
+        const ggml_tensor * w = mul->src[0] == node ? mul->src[1] : mul->src[0];
+        if (mm->src[1] == mul && fits(mm, x, mm->src[0]->ne[0]) && ggml_are_same_shape(mul, node) &&
+            w->type == GGML_TYPE_F32 && ggml_is_contiguous(w) && w->ne[0] == x->ne[0] && ggml_nrows(w) == 1) {
+            float eps;
+            memcpy(&eps, node->op_params, sizeof(float));
+            gemv_il_launch(ctx, mm->src[0], (const float *) x->data, x->nb[1]/sizeof(float), x->ne[1], GEMV_IL_RMS_NORM,
+                           (const float *) w->data, eps, (ggml_tensor *) mm);
+            return 2;
+        }
+    }
+    if (node->op == GGML_OP_GLU && ggml_get_glu_op(node) == GGML_GLU_OP_SWIGLU && node->src[1] == nullptr &&
+        ggml_get_op_params_i32(node, 1) == 0 && ggml_can_fuse_subgraph(cgraph, i, { GGML_OP_GLU, GGML_OP_MUL_MAT }, { i + 1 })) {
+        const ggml_tensor * mm = cgraph->nodes[i + 1], * x = node->src[0];
+        if (mm->src[1] == node && fits(mm, x, 2*mm->src[0]->ne[0])) {
+            gemv_il_launch(ctx, mm->src[0], (const float *) x->data, x->nb[1]/sizeof(float), x->ne[1], GEMV_IL_SWIGLU,
+                           nullptr, 0.0f, (ggml_tensor *) mm);
+            return 1;
+        }
+    }
+    return 0;
 }
 
 // ---- the buffer ----

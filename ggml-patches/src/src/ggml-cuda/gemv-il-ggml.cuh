@@ -15,4 +15,8 @@ bool ggml_cuda_gemv_il_owns(const ggml_tensor * src0);
 bool ggml_cuda_mul_mat_gemv_il(ggml_backend_cuda_context & ctx, const ggml_tensor * src0, const ggml_tensor * src1, ggml_tensor * dst,
                                ggml_tensor & plain, ggml_cuda_pool_alloc<uint8_t> & plain_data);
 
+// Fuses the graph nodes from i on into one interleaved GEMV with a prologue (RMS_NORM -> MUL -> MUL_MAT,
+// SWIGLU -> MUL_MAT) when they match; returns how many nodes after i it consumed, 0 for no fusion.
+int ggml_cuda_gemv_il_try_fuse(ggml_backend_cuda_context & ctx, const ggml_cgraph * cgraph, int i);
+
 bool ggml_backend_buft_is_cuda_gemv_il(ggml_backend_buffer_type_t buft);

@@ -246,18 +246,43 @@ gemv_il_mul_mat(const uint8_t * w, const uint8_t * xq, const float * xs, float *
     }
 }
 
+// What the activation quantization computes from its input rows x before rounding, so that the
+// intermediate never reaches memory (the graph-level fusion is in gemv-il-ggml.cu):
+enum gemv_il_prologue {
+    GEMV_IL_PLAIN,    // x itself
+    GEMV_IL_RMS_NORM, // x / sqrt(mean(x^2) + eps) * norm_w (ggml's RMS_NORM then MUL by a row vector)
+    GEMV_IL_SWIGLU,   // silu(x[i]) * x[k + i]: x holds gate | up (ggml's single-input SWIGLU)
+};
+
 // grid (k/32), block 256 = 8 warps = the 8 token rows (rows >= m are written as zeros). x[tok*stride_x + i];
 // xs holds gemv_il_xs_count(k) scales, then as many sums. IEEE divisions on purpose: ggml builds with
-// -use_fast_math, and the CPU reference must get the same codes.
+// -use_fast_math, and the CPU reference must get the same codes. Under RMS_NORM every CTA sums the
+// squares of its rows again (m*k floats from L2), which is cheaper than a launch for decode rows.
+template <int prologue>
 static __global__ void __launch_bounds__(GEMV_IL_MAX_TOKENS*WARP_SIZE)
-gemv_il_quantize(const float * x, const int64_t stride_x, const int m, uint8_t * xq, float * xs) {
+gemv_il_quantize(const float * x, const int64_t stride_x, const int m, uint8_t * xq, float * xs,
+                 const float * norm_w, const float eps) {
     ggml_cuda_pdl_lc();
     const int64_t b   = blockIdx.x;
     const int     tok = threadIdx.x / WARP_SIZE;
     const int     kk  = threadIdx.x % WARP_SIZE;
+    const int64_t k   = (int64_t) gridDim.x*32;
 
     ggml_cuda_pdl_sync();
-    const float v    = tok < m ? x[tok*stride_x + b*32 + kk] : 0.0f;
+    float v = 0.0f;
+    if (tok < m) {
+        const float * row = x + tok*stride_x;
+        v = row[b*32 + kk];
+        if constexpr (prologue == GEMV_IL_RMS_NORM) {
+            float ss = 0.0f;
+            for (int64_t i = kk; i < k; i += WARP_SIZE) {
+                ss += row[i]*row[i];
+            }
+            v *= rsqrtf(warp_reduce_sum(ss)/(float) k + eps)*norm_w[b*32 + kk];
+        } else if constexpr (prologue == GEMV_IL_SWIGLU) {
+            v = v/(1.0f + expf(-v))*row[k + b*32 + kk];
+        }
+    }
     const float amax = warp_reduce_max(fabsf(v));
     const float d    = __fdiv_rn(amax, 127.0f);
     const int   q    = amax == 0.0f ? 0 : (int) roundf(__fdiv_rn(v, d));
