@@ -93,11 +93,12 @@ def test_greedy_continuation(pair):
 
 
 def test_split_prefill(pair):
-    """Chunks of 7 and 16 tokens carry the conv/recurrent states and the KV cache across passes."""
+    """Chunks of 1 (the decode path: one fused DeltaNet input step per layer), 7 and 16 tokens carry
+    the conv/recurrent states and the KV cache across passes."""
     name, hf, path, prompt = pair
     ref = hf_logits(hf, prompt)
     ref_greedy = hf_greedy(hf, prompt, N_GREEDY)
-    for n_batch in (7, 16):
+    for n_batch in (1, 7, 16):
         with Llama(path, n_ctx=256, n_batch=n_batch, type_k="f32", type_v="f32") as llm:
             assert rel_err(llm.logits(prompt), ref) <= LOGIT_BOUND
             got = [t for t, _ in zip(llm.generate(prompt, temperature=0.0), range(N_GREEDY))]

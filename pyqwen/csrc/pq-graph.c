@@ -45,24 +45,35 @@ static struct ggml_tensor * deltanet_block(struct pq_ctx * ctx, struct ggml_cont
         beta  = pq_linear(m, c, L->w_beta, h);
         alpha = pq_linear(m, c, L->w_alpha, h);
     }
-    beta = ggml_sigmoid(c, beta);
-    /* decay g = -exp(A_log) * softplus(alpha + dt_bias), kept in log space for the op */
-    alpha = ggml_add(c, alpha, L->dt_bias);
-    struct ggml_tensor * gate = ggml_mul(c, ggml_softplus(c, alpha), L->ssm_a);
-
-    /* causal conv1d over [previous K1 inputs | this pass], then keep the last K1 as new state */
     struct ggml_tensor * conv_state = ctx->conv_state[il];                      /* [K1, C] */
-    struct ggml_tensor * conv_in = ggml_concat(c, conv_state, ggml_transpose(c, qkv), 0); /* [K1+n, C] */
-    ggml_build_forward_expand(gf, ggml_cpy(c,
-        ggml_view_2d(c, conv_in, K1, C, conv_in->nb[1], n * ggml_element_size(conv_in)), conv_state));
-    struct ggml_tensor * conv = ggml_silu(c, ggml_ssm_conv(c, ggml_reshape_3d(c, conv_in, K1 + n, C, 1), L->conv1d)); /* [C, n, 1] */
+    const size_t es = sizeof(float);
+    struct ggml_tensor * q, * k, * v, * gate;
+    if (n == 1) {
+        /* decode: conv step, SiLU, q/k norms, decay and beta in one op that also advances conv_state */
+        struct ggml_tensor * p = ggml_pyqwen_deltanet_prep(c, qkv, beta, alpha, conv_state, L->conv1d, L->dt_bias,
+                                                           L->ssm_a, (int) HK, hp->norm_eps);  /* [q | k | v | g | beta] */
+        q    = ggml_view_4d(c, p, S, HK, 1, 1, S * es, C * es, C * es, 0);
+        k    = ggml_view_4d(c, p, S, HK, 1, 1, S * es, C * es, C * es, S * HK * es);
+        v    = ggml_view_4d(c, p, S, HV, 1, 1, S * es, C * es, C * es, 2 * S * HK * es);
+        gate = ggml_view_1d(c, p, HV, C * es);
+        beta = ggml_view_1d(c, p, HV, (C + HV) * es);
+    } else {
+        beta = ggml_sigmoid(c, beta);
+        /* decay g = -exp(A_log) * softplus(alpha + dt_bias), kept in log space for the op */
+        gate = ggml_mul(c, ggml_softplus(c, ggml_add(c, alpha, L->dt_bias)), L->ssm_a);
 
-    const size_t es = ggml_element_size(conv);
-    struct ggml_tensor * q = ggml_view_4d(c, conv, S, HK, n, 1, S * es, conv->nb[1], conv->nb[2], 0);
-    struct ggml_tensor * k = ggml_view_4d(c, conv, S, HK, n, 1, S * es, conv->nb[1], conv->nb[2], S * HK * es);
-    struct ggml_tensor * v = ggml_view_4d(c, conv, S, HV, n, 1, S * es, conv->nb[1], conv->nb[2], 2 * S * HK * es);
-    q = l2_norm(c, q, hp->norm_eps);
-    k = l2_norm(c, k, hp->norm_eps);
+        /* causal conv1d over [previous K1 inputs | this pass], then keep the last K1 as new state */
+        struct ggml_tensor * conv_in = ggml_concat(c, conv_state, ggml_transpose(c, qkv), 0); /* [K1+n, C] */
+        ggml_build_forward_expand(gf, ggml_cpy(c,
+            ggml_view_2d(c, conv_in, K1, C, conv_in->nb[1], n * ggml_element_size(conv_in)), conv_state));
+        struct ggml_tensor * conv = ggml_silu(c, ggml_ssm_conv(c, ggml_reshape_3d(c, conv_in, K1 + n, C, 1), L->conv1d)); /* [C, n, 1] */
+
+        q = ggml_view_4d(c, conv, S, HK, n, 1, S * es, conv->nb[1], conv->nb[2], 0);
+        k = ggml_view_4d(c, conv, S, HK, n, 1, S * es, conv->nb[1], conv->nb[2], S * HK * es);
+        v = ggml_view_4d(c, conv, S, HV, n, 1, S * es, conv->nb[1], conv->nb[2], 2 * S * HK * es);
+        q = l2_norm(c, q, hp->norm_eps);
+        k = l2_norm(c, k, hp->norm_eps);
+    }
 
     struct ggml_tensor * state = ctx->ssm_state[il];                            /* [S, S, HV, 1] */
     struct ggml_tensor * out = ggml_gated_delta_net(c, q, k, v,

@@ -1,0 +1,75 @@
+// CPU kernel of GGML_OP_PYQWEN_DELTANET_PREP. The work is split in heads: k head h takes the
+// channels of q head h and k head h, v head h its v channels, g[h] and beta[h]; every channel, and so
+// every row of conv_state, belongs to exactly one head, which keeps the in-place state update free of
+// races between threads. The arithmetic is the unfused graph's: ssm_conv's sum order, ggml's SiLU,
+// softplus and sigmoid, and the norm's sum of squares in double as in ggml's rms_norm.
+#include "pyqwen-deltanet-cpu.h"
+
+#include "ggml-cpu-impl.h"
+#include "ggml-impl.h"
+
+#include <math.h>
+
+// conv over [state | x] for one channel, then SiLU; shifts x into the state.
+static float pqd_conv_silu(float * state, const float * w, int k1, float x) {
+    float sum = 0.0f;
+    for (int j = 0; j < k1; ++j) {
+        sum += state[j] * w[j];
+    }
+    sum += x * w[k1];
+    for (int j = 0; j + 1 < k1; ++j) {
+        state[j] = state[j + 1];
+    }
+    state[k1 - 1] = x;
+    return sum / (1.0f + expf(-sum));
+}
+
+static void pqd_conv_head(float * out, const float * qkv, float * state, const float * w, int64_t ch0, int64_t n, int k1) {
+    for (int64_t i = 0; i < n; ++i) {
+        const int64_t ch = ch0 + i;
+        out[ch] = pqd_conv_silu(state + ch * k1, w + ch * (k1 + 1), k1, qkv[ch]);
+    }
+}
+
+static void pqd_l2_norm(float * x, int64_t n, float eps) {
+    double sum = 0.0;
+    for (int64_t i = 0; i < n; ++i) {
+        sum += (double) x[i] * x[i];
+    }
+    const float scale = 1.0f / sqrtf((float) sum + eps);
+    for (int64_t i = 0; i < n; ++i) {
+        x[i] *= scale;
+    }
+}
+
+void ggml_compute_forward_pyqwen_deltanet_prep(const struct ggml_compute_params * params, struct ggml_tensor * dst) {
+    const float * qkv   = (const float *) dst->src[0]->data;
+    const float * beta  = (const float *) dst->src[1]->data;
+    const float * alpha = (const float *) dst->src[2]->data;
+    float       * state = (float *) dst->src[3]->data;
+    const float * w     = (const float *) dst->src[4]->data;
+    const float * bias  = (const float *) dst->src[5]->data;
+    const float * a     = (const float *) dst->src[6]->data;
+    float       * out   = (float *) dst->data;
+
+    const int     hk = ggml_get_op_params_i32(dst, 0);
+    const float   eps = ggml_get_op_params_f32(dst, 1);
+    const int64_t channels = dst->src[0]->ne[0], hv = dst->src[5]->ne[0];
+    const int64_t S = channels / (2 * hk + hv);
+    const int     k1 = (int) dst->src[3]->ne[0];
+
+    for (int64_t h = params->ith; h < hk + hv; h += params->nth) {
+        if (h < hk) {
+            pqd_conv_head(out, qkv, state, w, h * S, S, k1);
+            pqd_conv_head(out, qkv, state, w, (hk + h) * S, S, k1);
+            pqd_l2_norm(out + h * S, S, eps);
+            pqd_l2_norm(out + (hk + h) * S, S, eps);
+        } else {
+            const int64_t v = h - hk;
+            pqd_conv_head(out, qkv, state, w, (2 * hk + v) * S, S, k1);
+            const float x = alpha[v] + bias[v];
+            out[channels + v] = ((x > 20.0f) ? x : logf(1.0f + expf(x))) * a[v];
+            out[channels + hv + v] = 1.0f / (1.0f + expf(-beta[v]));
+        }
+    }
+}
