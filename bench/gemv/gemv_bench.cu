@@ -47,13 +47,18 @@ void ggml_abort(const char * file, int line, const char * fmt, ...) {
     va_end(ap);
     exit(1);
 }
-static ggml_type ggml_type_of(int type) { return type == GEMV_IL_Q4_0 ? GGML_TYPE_Q4_0 : type == GEMV_IL_Q8_0 ? GGML_TYPE_Q8_0 : GGML_TYPE_Q4_K; }
+// the types of the harness, in the order they are checked and timed
+static const int gemv_types[] = {GEMV_IL_Q4_0, GEMV_IL_Q4_K, GEMV_IL_Q6_K, GEMV_IL_Q8_0};
+static ggml_type ggml_type_of(int type) {
+    const ggml_type t[] = {GGML_TYPE_Q4_0, GGML_TYPE_Q8_0, GGML_TYPE_Q4_K, GGML_TYPE_Q6_K};  // by gemv_il_type
+    return t[type];
+}
 int64_t ggml_blck_size(enum ggml_type type) {
-    for (int t : {GEMV_IL_Q4_0, GEMV_IL_Q8_0, GEMV_IL_Q4_K}) if (ggml_type_of(t) == type) return gemv_il_block_k(t);
+    for (int t : gemv_types) if (ggml_type_of(t) == type) return gemv_il_block_k(t);
     GGML_ABORT("type %d", (int) type);
 }
 size_t ggml_type_size(enum ggml_type type) {
-    for (int t : {GEMV_IL_Q4_0, GEMV_IL_Q8_0, GEMV_IL_Q4_K}) if (ggml_type_of(t) == type) return gemv_il_block_bytes(t);
+    for (int t : gemv_types) if (ggml_type_of(t) == type) return gemv_il_block_bytes(t);
     GGML_ABORT("type %d", (int) type);
 }
 // referenced by upstream's whole-op entry points, which this harness does not call
@@ -69,7 +74,10 @@ std::unique_ptr<ggml_cuda_pool> ggml_backend_cuda_context::new_pool_for_device(i
 
 // ---- harness ----
 
-static const char * type_name(int type) { return type == GEMV_IL_Q4_0 ? "q4_0" : type == GEMV_IL_Q8_0 ? "q8_0" : "q4_k"; }
+static const char * type_name(int type) {
+    const char * names[] = {"q4_0", "q8_0", "q4_k", "q6_k"};  // by gemv_il_type
+    return names[type];
+}
 
 struct dev_buf {
     void * p = nullptr;
@@ -89,11 +97,9 @@ static void launch_quantize(const float * x, int k, int m, uint8_t * xq, float *
 #endif
 using gemv_kernel_t = void (*)(const uint8_t *, const uint8_t *, const float *, float *, int, int, int, int64_t);
 static gemv_kernel_t gemv_kernel(int type, int s) {
-    switch (type) {
-        case GEMV_IL_Q4_0: return s == 1 ? gemv_il_mul_mat<GEMV_IL_Q4_0, 1> : gemv_il_mul_mat<GEMV_IL_Q4_0, 2>;
-        case GEMV_IL_Q8_0: return s == 1 ? gemv_il_mul_mat<GEMV_IL_Q8_0, 1> : gemv_il_mul_mat<GEMV_IL_Q8_0, 2>;
-        default:           return s == 1 ? gemv_il_mul_mat<GEMV_IL_Q4_K, 1> : gemv_il_mul_mat<GEMV_IL_Q4_K, 2>;
-    }
+    return gemv_il_dispatch(type, [s](auto t) -> gemv_kernel_t {
+        return s == 1 ? gemv_il_mul_mat<decltype(t)::value, 1> : gemv_il_mul_mat<decltype(t)::value, 2>;
+    });
 }
 static const std::vector<int> gemv_stages = {1, 2};
 
@@ -376,7 +382,7 @@ int main(int argc, char ** argv) {
     };
     std::vector<result_row> rows;
     uint64_t seed = 42;
-    for (int type : {GEMV_IL_Q4_0, GEMV_IL_Q4_K, GEMV_IL_Q8_0}) {
+    for (int type : gemv_types) {
         for (const shape & sh : shapes) {
             if (quick && sh.timed) continue;
             run_shape(type, sh, ++seed, st, rows, up_ctx);

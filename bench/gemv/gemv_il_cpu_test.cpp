@@ -8,19 +8,21 @@
 
 #include <cstdio>
 
-// mma.m16n8k32.row.col.s32.s8.s8.s32 as the PTX ISA defines it (lane = 4g + t):
-//   A: a0 (row g, k 4t..4t+3), a1 (row g+8, k 4t..), a2 (row g, k 16+4t..), a3 (row g+8, k 16+4t..)
-//   B: b0 (col g, k 4t..4t+3), b1 (col g, k 16+4t..);  C: c0, c1 (row g, col 2t, 2t+1), c2, c3 (row g+8)
-static void emulate_mma(const uint32_t a[32][4], const uint32_t b[32][2], int32_t c[32][4]) {
-    int A[16][32], B[32][8];
+// mma.m16n8k32.row.col.s32.s8.s8.s32 (K = 32) and mma.m16n8k16.row.col.s32.s8.s8.s32 (K = 16) as the PTX
+// ISA defines them (lane = 4g + t):
+//   A: a0 (row g, k 4t..4t+3), a1 (row g+8, k 4t..), and for K = 32 a2 (row g, k 16+4t..), a3 (row g+8, k 16+4t..)
+//   B: b0 (col g, k 4t..4t+3), and for K = 32 b1 (col g, k 16+4t..);  C: c0, c1 (row g, col 2t, 2t+1), c2, c3 (row g+8)
+template <int K>
+static void emulate_mma(const uint32_t a[32][K/8], const uint32_t b[32][K/16], int32_t c[32][4]) {
+    int A[16][K], B[K][8];
     for (int l = 0; l < 32; ++l) {
         const int g = l / 4, t = l % 4;
-        for (int r = 0; r < 4; ++r) {
+        for (int r = 0; r < K/8; ++r) {
             for (int e = 0; e < 4; ++e) {
                 A[g + 8*(r % 2)][4*t + 16*(r / 2) + e] = (int8_t) (a[l][r] >> (8*e));
             }
         }
-        for (int r = 0; r < 2; ++r) {
+        for (int r = 0; r < K/16; ++r) {
             for (int e = 0; e < 4; ++e) {
                 B[4*t + 16*r + e][g] = (int8_t) (b[l][r] >> (8*e));
             }
@@ -31,7 +33,7 @@ static void emulate_mma(const uint32_t a[32][4], const uint32_t b[32][2], int32_
         for (int i = 0; i < 4; ++i) {
             const int row = g + 8*(i / 2), col = 2*t + i % 2;
             int s = 0;
-            for (int kk = 0; kk < 32; ++kk) s += A[row][kk]*B[kk][col];
+            for (int kk = 0; kk < K; ++kk) s += A[row][kk]*B[kk][col];
             c[l][i] = s;
         }
     }
@@ -39,7 +41,7 @@ static void emulate_mma(const uint32_t a[32][4], const uint32_t b[32][2], int32_
 
 struct lane_chunk {
     uint32_t q[8][4];
-    uint32_t s[2];
+    uint32_t s[3];
 };
 
 // gemv_il_load_chunk (full tile) or gemv_il_gather_chunk (partial tile) for all 32 lanes.
@@ -48,7 +50,9 @@ static void emulate_load(int type, const uint8_t * tile, int nrows, int64_t k, i
         if (nrows == GEMV_IL_TILE_ROWS) {
             const uint8_t * chunk = tile + (int64_t) c*gemv_il_chunk_bytes(type);
             for (int j = 0; j < gemv_il_loads(type); ++j) memcpy(r[lane].q[j], chunk + j*GEMV_IL_WARP_LOAD + lane*16, 16);
-            memcpy(r[lane].s, chunk + gemv_il_quant_bytes(type) + lane*8, 8);
+            for (int i = 0; i < gemv_il_meta_words(type); ++i) {
+                memcpy(&r[lane].s[i], chunk + gemv_il_quant_bytes(type) + 2*gemv_il_meta_word_unit(lane, i), 4);
+            }
             continue;
         }
         for (int j = 0; j < gemv_il_loads(type); ++j) {
@@ -59,12 +63,12 @@ static void emulate_load(int type, const uint8_t * tile, int nrows, int64_t k, i
                 r[lane].q[j][w] = v;
             }
         }
-        for (int h = 0; h < 2; ++h) {
+        for (int i = 0; i < gemv_il_meta_words(type); ++i) {
             uint16_t lo = 0, hi = 0;
-            const int si = lane*4 + 2*h;
-            if (gemv_il_scale_src(type, si).row < nrows)     memcpy(&lo, tile + gemv_il_scale_src_offset(type, k, c, si), 2);
-            if (gemv_il_scale_src(type, si + 1).row < nrows) memcpy(&hi, tile + gemv_il_scale_src_offset(type, k, c, si + 1), 2);
-            r[lane].s[h] = lo | ((uint32_t) hi << 16);
+            const int si = gemv_il_meta_word_unit(lane, i);
+            if (gemv_il_meta_src(type, si).row < nrows)     memcpy(&lo, tile + gemv_il_meta_src_offset(type, k, c, si), 2);
+            if (gemv_il_meta_src(type, si + 1).row < nrows) memcpy(&hi, tile + gemv_il_meta_src_offset(type, k, c, si + 1), 2);
+            r[lane].s[i] = lo | ((uint32_t) hi << 16);
         }
     }
 }
@@ -88,12 +92,13 @@ static void emulate_chunk_dot(int type, const lane_chunk r[32], const uint8_t * 
             }
         }
     }
+    float accd[32][4] = {};  // Q6_K: the chunk's sums before its rows' d
     for (int jp = 0; jp < GEMV_IL_CHUNK_BLOCKS/2; ++jp) {
         for (int h = 0; h < 2; ++h) {
             uint32_t a[32][4], b[32][2];
             float dx[32][2];
             for (int lane = 0; lane < 32; ++lane) {
-                gemv_il_frag_a(type, r[lane].q[type == GEMV_IL_Q8_0 ? 2*jp + h : jp], h, a[lane]);
+                gemv_il_frag_a(type, r[lane].q, 2*jp + h, a[lane]);
                 uint32_t xa[4];
                 memcpy(xa, xq + jp*GEMV_IL_WARP_LOAD + lane*16, 16);
                 b[lane][0] = xa[2*h];
@@ -102,8 +107,25 @@ static void emulate_chunk_dot(int type, const lane_chunk r[32], const uint8_t * 
                 dx[lane][0] = xd[2*h];
                 dx[lane][1] = xd[2*h + 1];
             }
+            if (type == GEMV_IL_Q6_K) {
+                // two k16 MMAs: (a0, a1) with b0, (a2, a3) with b1
+                uint32_t alo[32][2], ahi[32][2], blo[32][1], bhi[32][1];
+                for (int lane = 0; lane < 32; ++lane) {
+                    alo[lane][0] = a[lane][0]; alo[lane][1] = a[lane][1]; blo[lane][0] = b[lane][0];
+                    ahi[lane][0] = a[lane][2]; ahi[lane][1] = a[lane][3]; bhi[lane][0] = b[lane][1];
+                }
+                int32_t clo[32][4], chi[32][4];
+                emulate_mma<16>(alo, blo, clo);
+                emulate_mma<16>(ahi, bhi, chi);
+                for (int lane = 0; lane < 32; ++lane) {
+                    int c[4];
+                    gemv_il_q6_k_scale(clo[lane], chi[lane], r[(lane & ~3) | jp].s[h], c);
+                    for (int i = 0; i < 4; ++i) accd[lane][i] += (float) c[i] * dx[lane][i % 2];
+                }
+                continue;
+            }
             int32_t c[32][4];
-            emulate_mma(a, b, c);
+            emulate_mma<32>(a, b, c);
             for (int lane = 0; lane < 32; ++lane) {
                 const int src = (lane & ~3) | jp;   // __shfl_sync source lane
                 if (type == GEMV_IL_Q4_K) {
@@ -123,6 +145,10 @@ static void emulate_chunk_dot(int type, const lane_chunk r[32], const uint8_t * 
                 acc[lane][3] += (float) c[lane][3] * (dw1*dx[lane][1]);
             }
         }
+    }
+    for (int lane = 0; type == GEMV_IL_Q6_K && lane < 32; ++lane) {
+        const uint32_t d = r[lane].s[2];  // {d[g], d[g+8]}
+        for (int i = 0; i < 4; ++i) acc[lane][i] += accd[lane][i]*ref_half_to_float((uint16_t) (d >> 16*(i / 2)));
     }
 }
 
@@ -161,10 +187,10 @@ static void emulate_mul_mat(int type, const uint8_t * w, const uint8_t * xq, con
 
 int main() {
     int passed = 0, failed = 0;
-    const char * names[3] = {"q4_0", "q8_0", "q4_k"};
+    const char * names[4] = {"q4_0", "q8_0", "q4_k", "q6_k"};
     const int shapes[][2] = {{256, 16}, {256, 37}, {512, 5}, {768, 100}, {1280, 48}, {2048, 33}};  // {k, n}
     uint64_t seed = 1234;
-    for (int type : {GEMV_IL_Q4_0, GEMV_IL_Q8_0, GEMV_IL_Q4_K}) {
+    for (int type : {GEMV_IL_Q4_0, GEMV_IL_Q8_0, GEMV_IL_Q4_K, GEMV_IL_Q6_K}) {
         for (const auto & sh : shapes) {
             const int k = sh[0], n = sh[1];
             const size_t wbytes = (size_t) n*gemv_il_row_bytes(type, k);

@@ -50,7 +50,7 @@ int main() {
     std::mt19937 rng(std::random_device{}());
     std::normal_distribution<float> nd;
     int passed = 0, failed = 0;
-    const ggml_type types[] = { GGML_TYPE_Q4_0, GGML_TYPE_Q8_0, GGML_TYPE_Q4_K };
+    const ggml_type types[] = { GGML_TYPE_Q4_0, GGML_TYPE_Q8_0, GGML_TYPE_Q4_K, GGML_TYPE_Q6_K };
     const int shapes[][2] = { {256, 37}, {512, 5}, {1024, 100}, {4096, 1000} }; // k, n
     for (ggml_type type : types) {
         for (const auto & s : shapes) {

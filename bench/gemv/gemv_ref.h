@@ -67,7 +67,7 @@ static inline uint16_t ref_random_scale(uint64_t & s, bool any_sign) {
 }
 
 // Random weight rows in ggml's block layout: any code, scales of both signs, magnitudes 2^-9..2^-4
-// (Q4_K: any 6-bit scales and mins, d of both signs, dmin > 0).
+// (Q4_K: any 6-bit scales and mins, d of both signs, dmin > 0; Q6_K: any int8 scales, d of both signs).
 static void ref_fill_weights(int type, int64_t n, int64_t k, uint8_t * w, uint64_t seed) {
     const int64_t rb = gemv_il_row_bytes(type, k), bs = gemv_il_block_bytes(type), bk = gemv_il_block_k(type);
     ref_parallel_for(n, [=](int64_t r) {
@@ -79,7 +79,7 @@ static void ref_fill_weights(int type, int64_t n, int64_t k, uint8_t * w, uint64
         }
         for (int64_t b = 0; b < k/bk; ++b) {
             const uint16_t d = ref_random_scale(s, true);
-            memcpy(row + b*bs, &d, 2);
+            memcpy(row + b*bs + (type == GEMV_IL_Q6_K ? GEMV_IL_Q6_K_D : 0), &d, 2);
             if (type == GEMV_IL_Q4_K) {
                 const uint16_t dmin = ref_random_scale(s, false);
                 memcpy(row + b*bs + 2, &dmin, 2);
@@ -131,10 +131,24 @@ static void ref_interleave_activations(int64_t k, const int8_t * q, const float 
     }
 }
 
-// 32-block b of a ggml row as w[i] = a*v[i] - c (ggml's dequantize_row_*; c = 0 but for Q4_K).
-static inline void ref_decode32(int type, const uint8_t * row, int64_t b, int8_t v[32], double & a, double & c) {
+// 32-block b of a ggml row as w[i] = a*v[i] - c (ggml's dequantize_row_*; c = 0 but for Q4_K; Q6_K's
+// v[i] = scales[i/16]*(q6 - 32) carries its per-16 scale).
+static inline void ref_decode32(int type, const uint8_t * row, int64_t b, int v[32], double & a, double & c) {
     uint16_t h;
     c = 0.0;
+    if (type == GEMV_IL_Q6_K) {  // dequantize_row_q6_K: block j = 4*half + s of the super-block
+        const uint8_t * sb = row + b/8*gemv_il_block_bytes(type);
+        const int j = (int) (b % 8), half = j / 4, s = j % 4;
+        const uint8_t * ql = sb + 64*half + 32*(s % 2), * qh = sb + GEMV_IL_Q6_K_QH + 32*half;
+        const int8_t * sc = (const int8_t *) (sb + GEMV_IL_Q6_K_SCALES) + 8*half + 2*s;
+        memcpy(&h, sb + GEMV_IL_Q6_K_D, 2);
+        a = ref_half_to_float(h);
+        for (int i = 0; i < 32; ++i) {
+            const int q = ((ql[i] >> (4*(s / 2))) & 15) | (((qh[i] >> (2*s)) & 3) << 4);
+            v[i] = sc[i / 16]*(q - 32);
+        }
+        return;
+    }
     if (type != GEMV_IL_Q4_K) {
         const uint8_t * blk = row + b*gemv_il_block_bytes(type);
         memcpy(&h, blk, 2);
@@ -178,7 +192,7 @@ static ref_result ref_mul_mat(int type, int64_t n, int64_t k, const uint8_t * w,
     ref_parallel_for(n, [&](int64_t row) {
         double yq[GEMV_IL_MAX_TOKENS] = {0}, mag[GEMV_IL_MAX_TOKENS] = {0}, yf[GEMV_IL_MAX_TOKENS] = {0}, bd[GEMV_IL_MAX_TOKENS] = {0};
         for (int64_t b = 0; b < k/32; ++b) {
-            int8_t v[32];
+            int v[32];
             double a, c;
             ref_decode32(type, w + row*rb, b, v, a, c);
             double wabs = 0.0;

@@ -36,10 +36,11 @@ echo "build: $(( $(date +%s) - t0 )) s"
 grep -A2 "gemv_il_mul_mat\|gemv_il_quantize" $LOG/ptxas.txt | grep -o "Used [0-9]* registers\|[0-9]* bytes spill stores" | paste - - | sort | uniq -c || true
 if command -v cuobjdump > /dev/null; then
     cuobjdump --dump-sass $B/gemv_bench > $LOG/sass.txt 2>&1 || true
-    # instruction mix of each GEMV kernel: 16-byte loads, int8 mma, LOP3 unpack, shuffles, local memory
+    # instruction mix of each GEMV kernel: activation loads (LDG.E.128), weight loads (LDG.E.NA), int8 mma,
+    # LOP3 unpack, shuffles, local memory
     awk '/Function : .*gemv_il_mul_mat/ {name=$3} /Function : / && !/gemv_il_mul_mat/ {name=""}
          name != "" { for (op in want) if (index($0, op)) cnt[name " " op]++ }
-         BEGIN { split("LDG.E.128 LDG.E.64 IMMA LOP3 SHFL LDL STL", w, " "); for (i in w) want[w[i]] = 1 }
+         BEGIN { split("LDG.E.128 LDG.E.NA IMMA LOP3 SHFL LDL STL", w, " "); for (i in w) want[w[i]] = 1 }
          END { for (c in cnt) print "sass", c, cnt[c] }' $LOG/sass.txt | sort
 fi
 

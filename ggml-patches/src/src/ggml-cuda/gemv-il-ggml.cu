@@ -1,7 +1,7 @@
 // gemv-il-ggml.cu: the CUDA_IL buffer type and the MUL_MAT entry of the interleaved skinny GEMV
 // (bench/gemv/README.md, "Integration into ggml").
 //
-// The buffer is plain cudaMalloc memory. Eligible tensors (Q4_0, Q8_0, Q4_K; 2-D, contiguous, K a
+// The buffer is plain cudaMalloc memory. Eligible tensors (Q4_0, Q8_0, Q4_K, Q6_K; 2-D, contiguous, K a
 // multiple of 256; NVIDIA Turing or newer) are permuted on the host as they are uploaded and
 // un-permuted as they are downloaded, tile batch by tile batch through a small host staging
 // buffer, so no extra device memory is used and every reader through the backend API sees ggml's
@@ -28,6 +28,7 @@ static int gemv_il_type(const ggml_type type) {
         case GGML_TYPE_Q4_0: return GEMV_IL_Q4_0;
         case GGML_TYPE_Q8_0: return GEMV_IL_Q8_0;
         case GGML_TYPE_Q4_K: return GEMV_IL_Q4_K;
+        case GGML_TYPE_Q6_K: return GEMV_IL_Q6_K;
         default:             return -1;
     }
 }
@@ -56,11 +57,7 @@ bool ggml_cuda_gemv_il_owns(const ggml_tensor * src0) {
 using gemv_il_kernel_t = void (*)(const uint8_t *, const uint8_t *, const float *, float *, int, int, int, int64_t);
 
 static gemv_il_kernel_t gemv_il_kernel(const int type) {
-    switch (type) {
-        case GEMV_IL_Q4_0: return gemv_il_mul_mat<GEMV_IL_Q4_0, 1>;
-        case GEMV_IL_Q8_0: return gemv_il_mul_mat<GEMV_IL_Q8_0, 1>;
-        default:           return gemv_il_mul_mat<GEMV_IL_Q4_K, 1>;
-    }
+    return gemv_il_dispatch(type, [](auto t) -> gemv_il_kernel_t { return gemv_il_mul_mat<decltype(t)::value, 1>; });
 }
 
 static int gemv_il_nwarps(const int device, const int type, const int64_t n, const int64_t k) {

@@ -3,14 +3,17 @@
 // Plain C++ with optional __host__ __device__ markers, so the same index math runs in the CUDA kernels,
 // in the host re-layout (set_tensor / tests) and in the CPU emulation of the kernel.
 //
-// Geometry. A ggml weight W[N, K] (Q4_0, Q8_0 or Q4_K) is cut into tiles of 16 rows; a tile is cut
-// into chunks of 256 K (8 blocks of 32, or one Q4_K super-block). A full tile is stored as its
+// Geometry. A ggml weight W[N, K] (Q4_0, Q8_0, Q4_K or Q6_K) is cut into tiles of 16 rows; a tile is
+// cut into chunks of 256 K (8 blocks of 32, or one K-quant super-block). A full tile is stored as its
 // chunks, one after the other, and a chunk as
-//   quants: (Q4_0, Q4_K: 4, Q8_0: 8) warp loads of 512 bytes, lane l's 16 bytes = exactly the bytes of
-//           its mma.m16n8k32 A fragments (rows g = l/4 and g+8, k = 4t..4t+3 and 16+4t.., t = l%4), then
+//   quants: (Q4_0, Q4_K: 4, Q6_K: 6, Q8_0: 8) warp loads of 512 bytes, lane l's 16 bytes = exactly the
+//           bytes of its mma.m16n8k32 A fragments (rows g = l/4 and g+8, k = 4t..4t+3 and 16+4t..,
+//           t = l%4; Q6_K: low nibbles and high bit pairs in separate loads), then
 //   meta:   256 bytes, lane l's 8 bytes = Q4_0/Q8_0: the fp16 scales of rows g and g+8 for blocks 2t
-//           and 2t+1; Q4_K: half t%2 of the 16-byte header (d, dmin, 6-bit scales) of row g + 8*(t/2).
-// So a warp streams a tile front to back with coalesced 16-byte loads and no separate scale stream.
+//           and 2t+1; Q4_K: half t%2 of the 16-byte header (d, dmin, 6-bit scales) of row g + 8*(t/2);
+//           Q6_K: the int8 scales of rows g and g+8 for the 16-groups of blocks 2t and 2t+1, then
+//           32 more bytes: the fp16 d of rows g and g+8 at 4*g, which the 4 lanes of group g all load.
+// So a warp streams a tile front to back with coalesced loads and no separate scale stream.
 // The N % 16 rows of a last, partial tile stay in ggml's row layout after the full tiles. The layout
 // is a byte permutation inside each tile: same size as ggml's, invertible, and done tile by tile in place.
 #pragma once
@@ -29,22 +32,32 @@ enum gemv_il_type {
     GEMV_IL_Q4_0 = 0,
     GEMV_IL_Q8_0 = 1,
     GEMV_IL_Q4_K = 2,
+    GEMV_IL_Q6_K = 3,
 };
 
 constexpr int GEMV_IL_TILE_ROWS     = 16;  // rows of the mma A tile
 constexpr int GEMV_IL_CHUNK_BLOCKS  = 8;   // 32-blocks per chunk
 constexpr int GEMV_IL_CHUNK_K       = 256;
-constexpr int GEMV_IL_SCALE_BYTES   = 256; // meta: 16 rows x 8 blocks x fp16, or 16 rows x 16-byte Q4_K header
 constexpr int GEMV_IL_WARP_LOAD     = 512; // 32 lanes x 16 bytes
 constexpr int GEMV_IL_MAX_TOKENS    = 8;   // the mma's N: token rows of the activation
 
 // ggml blocks: block_q4_0 = fp16 d + 16 bytes of nibbles (32 values); block_q8_0 = fp16 d + 32 int8;
-// block_q4_K = fp16 d, fp16 dmin, 12 bytes of 6-bit scales and mins, 128 bytes of nibbles (256 values).
-GEMV_IL_HD constexpr int gemv_il_block_bytes(int type) { return type == GEMV_IL_Q4_0 ? 18 : type == GEMV_IL_Q8_0 ? 34 : 144; }
-GEMV_IL_HD constexpr int gemv_il_block_k(int type)     { return type == GEMV_IL_Q4_K ? 256 : 32; }
-GEMV_IL_HD constexpr int gemv_il_quant_bytes(int type) { return type == GEMV_IL_Q8_0 ? 4096 : 2048; } // per chunk
-GEMV_IL_HD constexpr int gemv_il_chunk_bytes(int type) { return gemv_il_quant_bytes(type) + GEMV_IL_SCALE_BYTES; }
+// block_q4_K = fp16 d, fp16 dmin, 12 bytes of 6-bit scales and mins, 128 bytes of nibbles (256 values);
+// block_q6_K = ql[128] low nibbles, qh[64] high bit pairs, int8 scales[16] (one per 16 values), fp16 d
+// (256 values; value = d * scales[i/16] * (q6 - 32)), at these byte offsets:
+constexpr int GEMV_IL_Q6_K_QH = 128, GEMV_IL_Q6_K_SCALES = 192, GEMV_IL_Q6_K_D = 208;
+
+GEMV_IL_HD constexpr int gemv_il_block_bytes(int type) {
+    return type == GEMV_IL_Q4_0 ? 18 : type == GEMV_IL_Q8_0 ? 34 : type == GEMV_IL_Q4_K ? 144 : 210;
+}
+GEMV_IL_HD constexpr int gemv_il_block_k(int type)     { return type == GEMV_IL_Q4_K || type == GEMV_IL_Q6_K ? 256 : 32; }
+// per chunk: quant bytes (whole warp loads), then meta bytes (2-byte units)
+GEMV_IL_HD constexpr int gemv_il_quant_bytes(int type) { return type == GEMV_IL_Q8_0 ? 4096 : type == GEMV_IL_Q6_K ? 3072 : 2048; }
+GEMV_IL_HD constexpr int gemv_il_meta_bytes(int type)  { return type == GEMV_IL_Q6_K ? 288 : 256; }
+GEMV_IL_HD constexpr int gemv_il_chunk_bytes(int type) { return gemv_il_quant_bytes(type) + gemv_il_meta_bytes(type); }
 GEMV_IL_HD constexpr int gemv_il_loads(int type)       { return gemv_il_quant_bytes(type) / GEMV_IL_WARP_LOAD; }
+// 4-byte meta words per lane: 8 bytes of its own, plus Q6_K's d word shared by its group of 4 lanes
+GEMV_IL_HD constexpr int gemv_il_meta_words(int type)  { return type == GEMV_IL_Q6_K ? 3 : 2; }
 // bytes of one row inside one chunk (= chunk bytes / 16)
 GEMV_IL_HD constexpr int gemv_il_chunk_row_bytes(int type) { return GEMV_IL_CHUNK_K / gemv_il_block_k(type) * gemv_il_block_bytes(type); }
 
@@ -67,6 +80,11 @@ struct gemv_il_src {
 //        the last two (= a0..a3);
 //   Q4_K [row g][row g+8][row g][row g+8], qs bytes 32j+4t.. and 32j+16+4t..: the low nibbles are
 //        sub-block 2j (k = 4t.., 16+4t..), the high nibbles sub-block 2j+1.
+//   Q6_K loads j = 3h + p cover half h of the super-block (ggml's 32-blocks b = 4h + s, s = 0..3):
+//        [row g][row g+8][row g][row g+8] at k = 4t.. then 16+4t.. of
+//        p = 0: ql bytes 64h + 4t.. (low nibbles: block s = 0, high nibbles: s = 2),
+//        p = 1: ql bytes 64h + 32 + 4t.. (s = 1 and s = 3),
+//        p = 2: qh bytes 32h + 4t.. (bit pair s: the high bits of block s, for all four).
 GEMV_IL_HD gemv_il_src gemv_il_quant_src(int type, int qi) {
     const int j = qi >> 7, l = (qi >> 2) & 31, w = qi & 3;
     const int g = l >> 2, t = l & 3;
@@ -76,21 +94,36 @@ GEMV_IL_HD gemv_il_src gemv_il_quant_src(int type, int qi) {
     if (type == GEMV_IL_Q4_K) {
         return { g + 8*(w & 1), 0, 16 + 32*j + 4*t + 16*(w >> 1) };
     }
+    if (type == GEMV_IL_Q6_K) {
+        const int h = j / 3, p = j % 3, k = 4*t + 16*(w >> 1);
+        return { g + 8*(w & 1), 0, p < 2 ? 64*h + 32*p + k : GEMV_IL_Q6_K_QH + 32*h + k };
+    }
     return { g + 8*(w & 1), j, 2 + 4*t + 16*(w >> 1) };
 }
 
-// 2-byte meta unit si (0..127) of a chunk.
+// 2-byte meta unit si (0 .. meta_bytes/2) of a chunk.
 //   Q4_0, Q8_0: lane l = 4g + t holds d[g, 2t], d[g+8, 2t], d[g, 2t+1], d[g+8, 2t+1], so the half2
 //     {d[g, b], d[g+8, b]} every lane of group g needs for block b sits in lane 4g + b/2, word b%2.
 //   Q4_K: lane l = 4g + t holds header bytes 8*(t%2)..+7 of row g + 8*(t/2).
-GEMV_IL_HD gemv_il_src gemv_il_scale_src(int type, int si) {
+//   Q6_K: lane l = 4g + t holds, for blocks b = 2t, 2t+1, the scale pair {scales[2b], scales[2b+1]} of
+//     row g, then of row g+8: block b's 4 scales sit in lane 4g + b/2, word b%2, as for Q4_0. Units 128..143
+//     are the half2 {d[g], d[g+8]} for g = 0..7.
+GEMV_IL_HD gemv_il_src gemv_il_meta_src(int type, int si) {
     const int l = si >> 2, h = si & 3;
     const int g = l >> 2, t = l & 3;
     if (type == GEMV_IL_Q4_K) {
         return { g + 8*(t >> 1), 0, 8*(t & 1) + 2*h };
     }
+    if (type == GEMV_IL_Q6_K) {
+        const int u = si - 128;
+        return si < 128 ? gemv_il_src{ g + 8*(h & 1), 0, GEMV_IL_Q6_K_SCALES + 2*(2*t + (h >> 1)) }
+                        : gemv_il_src{ (u >> 1) + 8*(u & 1), 0, GEMV_IL_Q6_K_D };
+    }
     return { g + 8*(h & 1), 2*t + (h >> 1), 0 };
 }
+
+// First meta unit of lane `lane`'s meta word i (its 2 units are consecutive).
+GEMV_IL_HD constexpr int gemv_il_meta_word_unit(int lane, int i) { return i < 2 ? 4*lane + 2*i : 128 + 2*(lane >> 2); }
 
 // Byte offset, inside the 16 rows of a tile in ggml's layout, of a quant word / meta unit of chunk c.
 GEMV_IL_HD int64_t gemv_il_src_offset(int type, int64_t k, int c, gemv_il_src s) {
@@ -99,8 +132,8 @@ GEMV_IL_HD int64_t gemv_il_src_offset(int type, int64_t k, int c, gemv_il_src s)
 GEMV_IL_HD int64_t gemv_il_quant_src_offset(int type, int64_t k, int c, int qi) {
     return gemv_il_src_offset(type, k, c, gemv_il_quant_src(type, qi));
 }
-GEMV_IL_HD int64_t gemv_il_scale_src_offset(int type, int64_t k, int c, int si) {
-    return gemv_il_src_offset(type, k, c, gemv_il_scale_src(type, si));
+GEMV_IL_HD int64_t gemv_il_meta_src_offset(int type, int64_t k, int c, int si) {
+    return gemv_il_src_offset(type, k, c, gemv_il_meta_src(type, si));
 }
 
 // Quantized activations (written by the quantize kernel, read by the GEMV): 8 token rows, int8 per
@@ -120,27 +153,74 @@ GEMV_IL_HD int64_t gemv_il_xs_index(int m, int64_t b) {
 GEMV_IL_HD int64_t gemv_il_xq_bytes(int64_t k) { return GEMV_IL_MAX_TOKENS*k; }
 GEMV_IL_HD int64_t gemv_il_xs_count(int64_t k) { return GEMV_IL_MAX_TOKENS*(k/32); }  // scales; as many sums follow
 
-// The A fragments of the block(s) of one 16-byte quant load. Q4_0 nibbles become 16*(q - 8): the nibble
-// goes to the high half of the byte and its top bit flips, one LOP3 (and a shift) per register; the
-// factor 16 is taken out once per output (gemv_il_out_scale).
+// The A fragments of one 32-block of a chunk, from the words of its quant loads. Q4_0 and Q4_K nibbles
+// become 16*(q - 8): the nibble goes to the high half of the byte and its top bit flips, one LOP3 (and a
+// shift) per register. Q6_K's 6-bit q becomes 4*(q - 32) the same way: the low nibble to bits 2..5, the
+// high bit pair to bits 6..7 with its top bit flipped (flipped once per qh word, for its 4 pairs at once):
+// two shifts and two LOP3 per register. The factor (16, 4) is taken out once per output (gemv_il_out_scale).
 GEMV_IL_HD uint32_t gemv_il_q4_lo(uint32_t x) { return ((x << 4) & 0xF0F0F0F0u) ^ 0x80808080u; }
 GEMV_IL_HD uint32_t gemv_il_q4_hi(uint32_t x) { return (x & 0xF0F0F0F0u) ^ 0x80808080u; }
-GEMV_IL_HD constexpr float gemv_il_out_scale(int type) { return type == GEMV_IL_Q8_0 ? 1.0f : 1.0f/16.0f; }
+// Q6_K: a qh word with the top bit of each of its 4 bit pairs flipped, once for the 4 blocks that use it.
+GEMV_IL_HD uint32_t gemv_il_q6_flip(uint32_t qh) {
+    uint32_t x = qh ^ 0xAAAAAAAAu;
+#if defined(__CUDA_ARCH__)
+    asm("" : "+r"(x)); // else the compiler moves the flip behind each block's shift, one more op per register
+#endif // defined(__CUDA_ARCH__)
+    return x;
+}
+// Q6_K block s (0..3) of its half: low nibbles from ql word lo (nibble s/2), high bits from the flipped
+// qh word hi_x (pair s).
+GEMV_IL_HD uint32_t gemv_il_q6(uint32_t lo, uint32_t hi_x, int s) {
+    const uint32_t l = (s & 2 ? lo >> 2 : lo << 2) & 0x3C3C3C3Cu;
+    return l | ((hi_x << (6 - 2*s)) & 0xC0C0C0C0u);
+}
+GEMV_IL_HD constexpr float gemv_il_out_scale(int type) { return type == GEMV_IL_Q8_0 ? 1.0f : type == GEMV_IL_Q6_K ? 0.25f : 1.0f/16.0f; }
 
-// A fragment (a0..a3) of block h (0/1) of a Q4_0 or Q4_K load (words w[0..3]), or of the Q8_0 load.
-GEMV_IL_HD void gemv_il_frag_a(int type, const uint32_t w[4], int h, uint32_t a[4]) {
+// A fragment (a0..a3: rows g, g+8 at k 4t.., then at k 16+4t..) of block b (0..7) of a chunk whose quant
+// loads hold the words q[load][0..3].
+GEMV_IL_HD void gemv_il_frag_a(int type, const uint32_t (*q)[4], int b, uint32_t a[4]) {
     if (type == GEMV_IL_Q4_0) {
-        const uint32_t xg = w[2*h], xg8 = w[2*h + 1];
+        const uint32_t * w = q[b >> 1];
+        const uint32_t xg = w[2*(b & 1)], xg8 = w[2*(b & 1) + 1];
         a[0] = gemv_il_q4_lo(xg);
         a[1] = gemv_il_q4_lo(xg8);
         a[2] = gemv_il_q4_hi(xg);
         a[3] = gemv_il_q4_hi(xg8);
     } else if (type == GEMV_IL_Q4_K) {
         for (int r = 0; r < 4; ++r) {
-            a[r] = h ? gemv_il_q4_hi(w[r]) : gemv_il_q4_lo(w[r]);
+            a[r] = b & 1 ? gemv_il_q4_hi(q[b >> 1][r]) : gemv_il_q4_lo(q[b >> 1][r]);
+        }
+    } else if (type == GEMV_IL_Q6_K) {
+        const int h = b >> 2, s = b & 3;
+        for (int r = 0; r < 4; ++r) {
+            a[r] = gemv_il_q6(q[3*h + (s & 1)][r], gemv_il_q6_flip(q[3*h + 2][r]), s);
         }
     } else {
-        a[0] = w[0]; a[1] = w[1]; a[2] = w[2]; a[3] = w[3];
+        for (int r = 0; r < 4; ++r) {
+            a[r] = q[b][r];
+        }
+    }
+}
+
+// Byte i of w as a signed int. On the device one PRMT: a selector nibble with its msb set replicates the
+// sign of the byte it picks (PTX ISA, prmt); ptxas shifts first for bytes 1 and 2 when written in C.
+GEMV_IL_HD int gemv_il_s8(uint32_t w, int i) {
+#if defined(__CUDA_ARCH__)
+    int r;
+    asm("prmt.b32 %0, %1, 0, %2;" : "=r"(r) : "r"(w), "r"(0x8880 + 0x1111*i));
+    return r;
+#else
+    return (int8_t) (w >> 8*i);
+#endif // defined(__CUDA_ARCH__)
+}
+
+// Q6_K: block b's two m16n8k16 results lo (k 0..15) and hi (k 16..31), in the C layout (rows g, g, g+8,
+// g+8), times the int8 scales of those 16-groups from the meta word {row g: lo, hi}{row g+8: lo, hi}.
+// Exact in int32: |lo|, |hi| <= 16*128*127, so |c| < 2^26.
+GEMV_IL_HD void gemv_il_q6_k_scale(const int lo[4], const int hi[4], uint32_t sc, int c[4]) {
+    for (int i = 0; i < 4; ++i) {
+        const int r = 2*(i >> 1);
+        c[i] = lo[i]*gemv_il_s8(sc, r) + hi[i]*gemv_il_s8(sc, r + 1);
     }
 }
 
@@ -169,8 +249,8 @@ inline void gemv_il_relayout_tile(int type, int64_t k, const uint8_t * src, uint
             const int64_t o = gemv_il_quant_src_offset(type, k, c, qi), il = base + 4*qi;
             if (inverse) memcpy(dst + o, src + il, 4); else memcpy(dst + il, src + o, 4);
         }
-        for (int si = 0; si < GEMV_IL_SCALE_BYTES/2; ++si) {
-            const int64_t o = gemv_il_scale_src_offset(type, k, c, si), il = base + gemv_il_quant_bytes(type) + 2*si;
+        for (int si = 0; si < gemv_il_meta_bytes(type)/2; ++si) {
+            const int64_t o = gemv_il_meta_src_offset(type, k, c, si), il = base + gemv_il_quant_bytes(type) + 2*si;
             if (inverse) memcpy(dst + o, src + il, 2); else memcpy(dst + il, src + o, 2);
         }
     }

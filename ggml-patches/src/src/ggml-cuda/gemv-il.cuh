@@ -1,10 +1,11 @@
 // gemv-il.cuh: skinny linear Y[M, N] = X[M, K] W[N, K]^T for M = 1..8 token rows on int8 tensor cores,
-// over Q4_0 / Q8_0 / Q4_K weights re-laid out once into gemv-il-layout.h's interleaved tiles.
+// over Q4_0 / Q8_0 / Q4_K / Q6_K weights re-laid out once into gemv-il-layout.h's interleaved tiles.
 //
 // One mma.m16n8k32 (s8 x s8 -> s32) multiplies a 32-block of 16 weight rows with the same block of
 // the 8 token rows, so 8 tokens cost what 1 costs: the work per weight byte does not depend on M.
 // Each block's int32 product is scaled by its weight scale and float activation scale in fp32 (Q4_K:
-// plus its min times the activation block sum).
+// plus its min times the activation block sum). Q6_K has a scale per 16 values: two mma.m16n8k16 per
+// block, their int32 results times the int8 scales added in int32, and the fp16 d applied per chunk.
 // A CTA owns one 16-row tile; its warps split K (chunk c goes to warp c % nwarps) and add up their
 // partial sums in shared memory at the end. Weights are read once, as 16-byte streaming loads that
 // skip L1; the activations (10*K bytes) are read by every CTA and stay in L1/L2. They are read with
@@ -22,6 +23,8 @@
 #include "common.cuh"
 #include "mma.cuh"
 #include "gemv-il-layout.h"
+
+#include <type_traits>
 
 #define GEMV_IL_MAX_WARPS 16 // K split per CTA
 
@@ -47,11 +50,22 @@ static __device__ __forceinline__ uint2 gemv_il_load_stream8(const uint8_t * p) 
     return v;
 }
 
-// One chunk (16 rows x 256 K) of a warp's lane: the words of its quant loads and its 4 fp16 scales.
+static __device__ __forceinline__ uint32_t gemv_il_load_stream4(const uint8_t * p) {
+    uint32_t v;
+#if defined(GGML_USE_HIP)
+    v = *(const uint32_t *) p;
+#else
+    asm volatile("ld.global.nc.L1::no_allocate.u32 %0, [%1];" : "=r"(v) : "l"(p));
+#endif // defined(GGML_USE_HIP)
+    return v;
+}
+
+// One chunk (16 rows x 256 K) of a warp's lane: the words of its quant loads and its meta words
+// (4 fp16 scales, half a Q4_K header, or Q6_K's 8 int8 scales and {d[g], d[g+8]}).
 template <int type>
 struct gemv_il_chunk {
     uint32_t q[gemv_il_loads(type)][4];
-    uint32_t s[2];
+    uint32_t s[gemv_il_meta_words(type)];
 };
 
 template <int type>
@@ -61,8 +75,12 @@ static __device__ __forceinline__ void gemv_il_load_chunk(gemv_il_chunk<type> & 
         const uint4 v = gemv_il_load_stream16(chunk + j*GEMV_IL_WARP_LOAD + lane*16);
         r.q[j][0] = v.x; r.q[j][1] = v.y; r.q[j][2] = v.z; r.q[j][3] = v.w;
     }
-    const uint2 s = gemv_il_load_stream8(chunk + gemv_il_quant_bytes(type) + lane*8);
+    const uint8_t * meta = chunk + gemv_il_quant_bytes(type);
+    const uint2 s = gemv_il_load_stream8(meta + 2*gemv_il_meta_word_unit(lane, 0));
     r.s[0] = s.x; r.s[1] = s.y;
+    if constexpr (gemv_il_meta_words(type) > 2) { // the 4 lanes of a group load the same word: one 32-byte sector
+        r.s[2] = gemv_il_load_stream4(meta + 2*gemv_il_meta_word_unit(lane, 2));
+    }
 }
 
 // The same registers gathered from ggml's row layout: the rows of the last, partial tile (nrows < 16);
@@ -88,11 +106,11 @@ static __device__ void gemv_il_gather_chunk(gemv_il_chunk<type> & r, const uint8
         }
     }
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-        const int si0 = lane*4 + 2*h;
-        const uint32_t lo = gemv_il_gather_bytes(rows, nrows, gemv_il_scale_src(type, si0).row,     gemv_il_scale_src_offset(type, k, c, si0),     2);
-        const uint32_t hi = gemv_il_gather_bytes(rows, nrows, gemv_il_scale_src(type, si0 + 1).row, gemv_il_scale_src_offset(type, k, c, si0 + 1), 2);
-        r.s[h] = lo | (hi << 16);
+    for (int i = 0; i < gemv_il_meta_words(type); ++i) {
+        const int si0 = gemv_il_meta_word_unit(lane, i);
+        const uint32_t lo = gemv_il_gather_bytes(rows, nrows, gemv_il_meta_src(type, si0).row,     gemv_il_meta_src_offset(type, k, c, si0),     2);
+        const uint32_t hi = gemv_il_gather_bytes(rows, nrows, gemv_il_meta_src(type, si0 + 1).row, gemv_il_meta_src_offset(type, k, c, si0 + 1), 2);
+        r.s[i] = lo | (hi << 16);
     }
 }
 
@@ -136,24 +154,44 @@ static __device__ __forceinline__ void gemv_il_chunk_dot(const gemv_il_chunk<typ
     if constexpr (type == GEMV_IL_Q4_K) {
         gemv_il_q4_k_scales(r, lane, ka, kb);
     }
+    [[maybe_unused]] float accd[4] = {0.0f, 0.0f, 0.0f, 0.0f}; // Q6_K: the chunk's sums before its rows' d
 #pragma unroll
     for (int jp = 0; jp < GEMV_IL_CHUNK_BLOCKS/2; ++jp) {
         const uint4  xa = *(const uint4  *) (xq + jp*GEMV_IL_WARP_LOAD + lane*16);
         const float4 xd = *(const float4 *) (xs + jp*16 + (lane & 3)*4);
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-            tile<16, 8, int> A;
-            gemv_il_frag_a(type, r.q[type == GEMV_IL_Q8_0 ? 2*jp + h : jp], h, (uint32_t *) A.x);
-            tile<8, 8, int> B;
-            B.x[0] = h ? xa.z : xa.x;
-            B.x[1] = h ? xa.w : xa.y;
-            tile<16, 8, int> D;
-            mma(D, A, B);
-
+            uint32_t a[4];
+            gemv_il_frag_a(type, r.q, 2*jp + h, a);
+            const int b0 = h ? xa.z : xa.x, b1 = h ? xa.w : xa.y;
             // block 2jp + h: its scales sit in lane 4g + jp
             const int   src = (lane & ~3) | jp;
             const float dx0 = h ? xd.z : xd.x;
             const float dx1 = h ? xd.w : xd.y;
+            if constexpr (type == GEMV_IL_Q6_K) {
+                // a scale per 16 values: one k16 MMA per half of the block (a0, a1 with b0; a2, a3 with b1)
+                tile<16, 4, int> Alo, Ahi;
+                tile<8, 4, int>  Blo, Bhi;
+                Alo.x[0] = a[0]; Alo.x[1] = a[1]; Blo.x[0] = b0;
+                Ahi.x[0] = a[2]; Ahi.x[1] = a[3]; Bhi.x[0] = b1;
+                tile<16, 8, int> Dlo, Dhi;
+                mma(Dlo, Alo, Blo);
+                mma(Dhi, Ahi, Bhi);
+                int c[4];
+                gemv_il_q6_k_scale(Dlo.x, Dhi.x, __shfl_sync(0xFFFFFFFF, r.s[h], src), c);
+                accd[0] += (float) c[0] * dx0;
+                accd[1] += (float) c[1] * dx1;
+                accd[2] += (float) c[2] * dx0;
+                accd[3] += (float) c[3] * dx1;
+                continue;
+            }
+            tile<16, 8, int> A;
+            A.x[0] = a[0]; A.x[1] = a[1]; A.x[2] = a[2]; A.x[3] = a[3];
+            tile<8, 8, int> B;
+            B.x[0] = b0;
+            B.x[1] = b1;
+            tile<16, 8, int> D;
+            mma(D, A, B);
             if constexpr (type == GEMV_IL_Q4_K) {
                 const float4 xm  = *(const float4 *) (xsum + jp*16 + (lane & 3)*4);
                 const float  sx0 = h ? xm.z : xm.x;
@@ -172,6 +210,13 @@ static __device__ __forceinline__ void gemv_il_chunk_dot(const gemv_il_chunk<typ
                 acc[3] += (float) D.x[3] * (dw.y*dx1);
             }
         }
+    }
+    if constexpr (type == GEMV_IL_Q6_K) {
+        const float2 d = gemv_il_half2_bits_to_float2(r.s[2]); // {d[g], d[g+8]}
+        acc[0] += accd[0]*d.x;
+        acc[1] += accd[1]*d.x;
+        acc[2] += accd[2]*d.y;
+        acc[3] += accd[3]*d.y;
     }
 }
 
@@ -298,14 +343,14 @@ gemv_il_quantize(const float * x, const int64_t stride_x, const int m, uint8_t *
 template <int type>
 static __global__ void gemv_il_relayout(const uint8_t * src, uint8_t * dst, const int64_t k, const int64_t ntiles, const bool inverse) {
     constexpr int qwords = gemv_il_quant_bytes(type)/4;
-    constexpr int units_per_chunk = qwords + GEMV_IL_SCALE_BYTES/2;
+    constexpr int units_per_chunk = qwords + gemv_il_meta_bytes(type)/2;
     const int64_t units_per_tile = k/GEMV_IL_CHUNK_K*units_per_chunk;
     for (int64_t u = (int64_t) blockIdx.x*blockDim.x + threadIdx.x; u < ntiles*units_per_tile; u += (int64_t) gridDim.x*blockDim.x) {
         const int64_t base = u / units_per_tile * gemv_il_tile_bytes(type, k);
         const int     c    = (int) (u % units_per_tile / units_per_chunk);
         const int     v    = (int) (u % units_per_chunk);
         const bool    is_q = v < qwords;
-        const int64_t o    = is_q ? gemv_il_quant_src_offset(type, k, c, v) : gemv_il_scale_src_offset(type, k, c, v - qwords);
+        const int64_t o    = is_q ? gemv_il_quant_src_offset(type, k, c, v) : gemv_il_meta_src_offset(type, k, c, v - qwords);
         const int64_t il   = (int64_t) c*gemv_il_chunk_bytes(type) + (is_q ? 4*v : gemv_il_quant_bytes(type) + 2*(v - qwords));
         const uint16_t * s = (const uint16_t *) (src + base + (inverse ? il : o));
         uint16_t       * d = (uint16_t       *) (dst + base + (inverse ? o : il));
@@ -316,33 +361,54 @@ static __global__ void gemv_il_relayout(const uint8_t * src, uint8_t * dst, cons
     }
 }
 
-// Interleaved -> ggml rows for a prefill (out of place, full tiles only). CTA (tile, group of
-// GEMV_IL_DEINTERLEAVE_CHUNKS chunks): the chunks are read with coalesced word loads, permuted in shared
-// memory, and each of the 16 rows' bytes of those chunks is written as one contiguous 16-byte aligned run
-// (chunk row bytes are 144 or 272, multiples of 16). 32-bit index math only: the generic re-layout's
-// 64-bit divisions per word made it several times slower.
-#define GEMV_IL_DEINTERLEAVE_CHUNKS 4
+// Calls f(std::integral_constant<int, type>()) for a type known at run time: picks a kernel instance.
+template <typename F>
+static auto gemv_il_dispatch(const int type, F && f) {
+    switch (type) {
+        case GEMV_IL_Q4_0: return f(std::integral_constant<int, GEMV_IL_Q4_0>());
+        case GEMV_IL_Q8_0: return f(std::integral_constant<int, GEMV_IL_Q8_0>());
+        case GEMV_IL_Q4_K: return f(std::integral_constant<int, GEMV_IL_Q4_K>());
+        case GEMV_IL_Q6_K: return f(std::integral_constant<int, GEMV_IL_Q6_K>());
+        default:           GGML_ABORT("gemv-il: unknown type %d", type);
+    }
+}
+
+// Chunks per de-interleave CTA: their bytes in a row are a whole number of 16-byte units (Q6_K: 210 per chunk).
+static __host__ __device__ constexpr int gemv_il_deinterleave_chunks(const int type) {
+    return type == GEMV_IL_Q6_K ? 8 : 4;
+}
+
+// Interleaved -> ggml rows for a prefill (out of place, full tiles only). CTA (tile, group of G chunks):
+// the chunks are read with coalesced word loads and permuted in shared memory, where each row's bytes
+// start at the same offset modulo 16 as in dst; then each of the 16 rows' bytes of those chunks is
+// written as one contiguous run of 16-byte stores (byte stores only for the partial units at its ends,
+// which the usual shapes do not have). 32-bit index math only: the generic re-layout's 64-bit
+// divisions per word made it several times slower.
 template <int type>
 static __global__ void __launch_bounds__(256)
 gemv_il_deinterleave(const uint8_t * src, uint8_t * dst, const int64_t k) {
-    constexpr int G   = GEMV_IL_DEINTERLEAVE_CHUNKS;
-    constexpr int CB  = gemv_il_chunk_bytes(type);
-    constexpr int CRB = gemv_il_chunk_row_bytes(type);
-    constexpr int QW  = gemv_il_quant_bytes(type)/4;
-    constexpr int U   = QW + GEMV_IL_SCALE_BYTES/2; // units per chunk: quant words, then 2-byte meta
-    __shared__ __align__(16) uint8_t plain[GEMV_IL_TILE_ROWS*G*CRB]; // row r: chunks c0.. back to back
+    constexpr int G     = gemv_il_deinterleave_chunks(type);
+    constexpr int CB    = gemv_il_chunk_bytes(type);
+    constexpr int CRB   = gemv_il_chunk_row_bytes(type);
+    constexpr int QW    = gemv_il_quant_bytes(type)/4;
+    constexpr int U     = QW + gemv_il_meta_bytes(type)/2; // units per chunk: quant words, then 2-byte meta
+    constexpr int PITCH = (G*CRB + 15)/16*16 + 16;         // a row's run and its lead-in
+    __shared__ __align__(16) uint8_t plain[GEMV_IL_TILE_ROWS*PITCH];
 
     const int nchunks = (int) (k/GEMV_IL_CHUNK_K);
     const int c0 = blockIdx.y*G, nc = min(G, nchunks - c0);
     const int64_t tile = (int64_t) blockIdx.x*gemv_il_tile_bytes(type, k);
     const uint8_t * s = src + tile + (int64_t) c0*CB;
+    uint8_t * d = dst + tile + (int64_t) c0*CRB;
+    const int64_t row_bytes = gemv_il_row_bytes(type, k);
+    const auto lead = [&](const int r) { return (int) ((uintptr_t) (d + r*row_bytes) & 15); };
 
     for (int u = threadIdx.x; u < nc*U; u += blockDim.x) {
         const int cc = u / U, v = u % U;
         const bool is_q = v < QW;
-        const gemv_il_src o = is_q ? gemv_il_quant_src(type, v) : gemv_il_scale_src(type, v - QW);
+        const gemv_il_src o = is_q ? gemv_il_quant_src(type, v) : gemv_il_meta_src(type, v - QW);
         const uint16_t * from = (const uint16_t *) (s + cc*CB + (is_q ? 4*v : gemv_il_quant_bytes(type) + 2*(v - QW)));
-        uint16_t * to = (uint16_t *) (plain + o.row*(G*CRB) + cc*CRB + o.blk*gemv_il_block_bytes(type) + o.off);
+        uint16_t * to = (uint16_t *) (plain + o.row*PITCH + lead(o.row) + cc*CRB + o.blk*gemv_il_block_bytes(type) + o.off);
         to[0] = from[0];
         if (is_q) {
             to[1] = from[1];
@@ -350,21 +416,27 @@ gemv_il_deinterleave(const uint8_t * src, uint8_t * dst, const int64_t k) {
     }
     __syncthreads();
 
-    const int run = nc*CRB/16; // 16-byte units per row
-    uint8_t * d = dst + tile + (int64_t) c0*CRB;
-    const int64_t row_bytes = gemv_il_row_bytes(type, k);
-    for (int i = threadIdx.x; i < GEMV_IL_TILE_ROWS*run; i += blockDim.x) {
-        const int r = i / run, b = i % run;
-        *(uint4 *) (d + r*row_bytes + 16*b) = *(const uint4 *) (plain + r*(G*CRB) + 16*b);
+    const int len = nc*CRB, units = PITCH/16; // 16-byte units per row, lead-in included
+    for (int i = threadIdx.x; i < GEMV_IL_TILE_ROWS*units; i += blockDim.x) {
+        const int r = i / units, lo = 16*(i % units), ld = lead(r);
+        const int b0 = max(lo, ld), b1 = min(lo + 16, ld + len); // the run's bytes in this unit
+        uint8_t * out = d + r*row_bytes - ld + lo;               // 16-byte aligned
+        const uint8_t * in = plain + r*PITCH + lo;
+        if (b1 - b0 == 16) {
+            *(uint4 *) out = *(const uint4 *) in;
+        } else {
+            for (int b = b0; b < b1; ++b) {
+                out[b - lo] = in[b - lo];
+            }
+        }
     }
 }
 
 static void gemv_il_deinterleave_cuda(const int type, const uint8_t * src, uint8_t * dst, const int64_t k, const int64_t ntiles,
                                       cudaStream_t stream) {
-    const dim3 grid((unsigned) ntiles, (unsigned) ((k/GEMV_IL_CHUNK_K + GEMV_IL_DEINTERLEAVE_CHUNKS - 1)/GEMV_IL_DEINTERLEAVE_CHUNKS));
-    const auto kernel = type == GEMV_IL_Q4_0 ? gemv_il_deinterleave<GEMV_IL_Q4_0> :
-                        type == GEMV_IL_Q8_0 ? gemv_il_deinterleave<GEMV_IL_Q8_0> : gemv_il_deinterleave<GEMV_IL_Q4_K>;
-    kernel<<<grid, 256, 0, stream>>>(src, dst, k);
+    const int G = gemv_il_deinterleave_chunks(type);
+    const dim3 grid((unsigned) ntiles, (unsigned) ((k/GEMV_IL_CHUNK_K + G - 1)/G));
+    gemv_il_dispatch(type, [&](auto t) { gemv_il_deinterleave<decltype(t)::value><<<grid, 256, 0, stream>>>(src, dst, k); });
     CUDA_CHECK(cudaGetLastError());
 }
 
@@ -380,9 +452,9 @@ static void gemv_il_relayout_inplace_cuda(const int type, uint8_t * data, const 
         const int64_t nt = std::min(per_batch, ntiles - t0);
         CUDA_CHECK(cudaMemcpyAsync(scratch, data + t0*tile_bytes, nt*tile_bytes, cudaMemcpyDeviceToDevice, stream));
         const int nblocks = (int) std::min<int64_t>(4096, (nt*tile_bytes/4 + 255)/256);
-        const auto kernel = type == GEMV_IL_Q4_0 ? gemv_il_relayout<GEMV_IL_Q4_0> :
-                            type == GEMV_IL_Q8_0 ? gemv_il_relayout<GEMV_IL_Q8_0> : gemv_il_relayout<GEMV_IL_Q4_K>;
-        kernel<<<nblocks, 256, 0, stream>>>(scratch, data + t0*tile_bytes, k, nt, inverse);
+        gemv_il_dispatch(type, [&](auto t) {
+            gemv_il_relayout<decltype(t)::value><<<nblocks, 256, 0, stream>>>(scratch, data + t0*tile_bytes, k, nt, inverse);
+        });
         CUDA_CHECK(cudaGetLastError());
     }
 }
