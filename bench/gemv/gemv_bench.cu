@@ -88,7 +88,7 @@ struct dev_buf {
 
 static void launch_quantize(const float * x, int k, int m, uint8_t * xq, float * xs, cudaStream_t st) {
     ggml_cuda_kernel_launch(gemv_il_quantize<GEMV_IL_PLAIN>, ggml_cuda_kernel_launch_params(dim3(k/32), dim3(GEMV_IL_MAX_TOKENS*WARP_SIZE), 0, st),
-                            x, (int64_t) k, m, xq, xs, (const float *) nullptr, 0.0f);
+                            x, (int64_t) k, m, xq, xs, gemv_il_prologue_args{});
 }
 
 // The kernel variants built here: (type, register stages S). S = GEMV_BENCH_S is the default.

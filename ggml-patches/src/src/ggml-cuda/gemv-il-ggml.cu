@@ -69,22 +69,31 @@ static int gemv_il_nwarps(const int device, const int type, const int64_t n, con
     });
 }
 
+static decltype(&gemv_il_quantize<GEMV_IL_PLAIN>) gemv_il_quantize_kernel(const gemv_il_prologue prologue) {
+    switch (prologue) {
+        case GEMV_IL_RMS_NORM:   return gemv_il_quantize<GEMV_IL_RMS_NORM>;
+        case GEMV_IL_SWIGLU:     return gemv_il_quantize<GEMV_IL_SWIGLU>;
+        case GEMV_IL_GATED_NORM: return gemv_il_quantize<GEMV_IL_GATED_NORM>;
+        default:                 return gemv_il_quantize<GEMV_IL_PLAIN>;
+    }
+}
+
 // dst = W x prologue(x) for m token rows of x (row stride stride_x floats), 8 rows per launch pair.
 static void gemv_il_launch(ggml_backend_cuda_context & ctx, const ggml_tensor * src0, const float * x, const int64_t stride_x,
-                           const int64_t m, const gemv_il_prologue prologue, const float * norm_w, const float eps, ggml_tensor * dst) {
+                           const int64_t m, const gemv_il_prologue prologue, gemv_il_prologue_args p, ggml_tensor * dst) {
     const int type = gemv_il_type(src0->type);
     const int64_t k = src0->ne[0], n = src0->ne[1];
     const int nwarps = gemv_il_nwarps(ctx.device, type, n, k);
-    const auto quantize = prologue == GEMV_IL_RMS_NORM ? gemv_il_quantize<GEMV_IL_RMS_NORM> :
-                          prologue == GEMV_IL_SWIGLU   ? gemv_il_quantize<GEMV_IL_SWIGLU> : gemv_il_quantize<GEMV_IL_PLAIN>;
     ggml_cuda_pool_alloc<uint8_t> xq(ctx.pool(), gemv_il_xq_bytes(k));
     ggml_cuda_pool_alloc<float>   xs(ctx.pool(), 2*gemv_il_xs_count(k));
     const int64_t stride_dst = dst->nb[1]/sizeof(float);
+    const float * z = p.z;
     for (int64_t m0 = 0; m0 < m; m0 += GEMV_IL_MAX_TOKENS) {
         const int mm = (int) std::min<int64_t>(GEMV_IL_MAX_TOKENS, m - m0);
-        ggml_cuda_kernel_launch(quantize,
+        p.z = z ? z + m0*p.stride_z : nullptr;
+        ggml_cuda_kernel_launch(gemv_il_quantize_kernel(prologue),
             ggml_cuda_kernel_launch_params(dim3(k/32), dim3(GEMV_IL_MAX_TOKENS*WARP_SIZE), 0, ctx.stream()),
-            x + m0*stride_x, stride_x, mm, xq.get(), xs.get(), norm_w, eps);
+            x + m0*stride_x, stride_x, mm, xq.get(), xs.get(), p);
         ggml_cuda_kernel_launch(gemv_il_kernel(type),
             ggml_cuda_kernel_launch_params(dim3((n + GEMV_IL_TILE_ROWS - 1)/GEMV_IL_TILE_ROWS), dim3(nwarps*WARP_SIZE), 0, ctx.stream()),
             (const uint8_t *) src0->data, (const uint8_t *) xq.get(), (const float *) xs.get(),
@@ -126,13 +135,39 @@ bool ggml_cuda_mul_mat_gemv_il(ggml_backend_cuda_context & ctx, const ggml_tenso
         return false;
     }
 
-    gemv_il_launch(ctx, src0, (const float *) src1->data, src1->nb[1]/sizeof(float), m, GEMV_IL_PLAIN, nullptr, 0.0f, dst);
+    gemv_il_launch(ctx, src0, (const float *) src1->data, src1->nb[1]/sizeof(float), m, GEMV_IL_PLAIN, {}, dst);
     return true;
 }
 
-// Prologue fusion: RMS_NORM -> MUL (row vector) -> MUL_MAT and SWIGLU -> MUL_MAT, with an interleaved
-// weight and decode-sized rows, become one quantization (with the prologue) and the GEMV; the norm's
-// and the SwiGLU's outputs are never written.
+static bool gemv_il_is_noop(const ggml_tensor * t) {
+    return ggml_is_empty(t) || t->op == GGML_OP_NONE || t->op == GGML_OP_RESHAPE || t->op == GGML_OP_VIEW ||
+           t->op == GGML_OP_PERMUTE || t->op == GGML_OP_TRANSPOSE;
+}
+
+// The first node at or after j that computes something.
+static int gemv_il_next_op(const ggml_cgraph * cgraph, int j) {
+    while (j < cgraph->n_nodes && gemv_il_is_noop(cgraph->nodes[j])) {
+        ++j;
+    }
+    return j;
+}
+
+static bool gemv_il_used_once(const ggml_cgraph * cgraph, const int j) {
+    return ggml_node_get_use_count(cgraph, j) == 1 && !(cgraph->nodes[j]->flags & GGML_TENSOR_FLAG_OUTPUT);
+}
+
+// A row-vector norm weight of n floats.
+static bool gemv_il_is_norm_weight(const ggml_tensor * w, const int64_t n) {
+    return w->type == GGML_TYPE_F32 && ggml_is_contiguous(w) && w->ne[0] == n && ggml_nrows(w) == 1;
+}
+
+// Prologue fusion. These node sequences, ending in a MUL_MAT by an interleaved weight with decode-sized
+// rows, become one quantization that computes the prologue and the GEMV; the intermediates are never
+// written:
+//   RMS_NORM -> MUL (row vector) -> MUL_MAT                            (the input norms)
+//   SWIGLU -> MUL_MAT                                                  (ffn_down)
+//   RMS_NORM (per head) -> MUL (head vector), SILU (z) -> MUL -> MUL_MAT (DeltaNet's gated norm, ssm_out)
+// Views and reshapes between them are no-ops on the GPU and are skipped with them.
 int ggml_cuda_gemv_il_try_fuse(ggml_backend_cuda_context & ctx, const ggml_cgraph * cgraph, const int i) {
     const ggml_tensor * node = cgraph->nodes[i];
     const auto fits = [](const ggml_tensor * mm, const ggml_tensor * x, const int64_t x_cols) {
@@ -143,21 +178,58 @@ int ggml_cuda_gemv_il_try_fuse(ggml_backend_cuda_context & ctx, const ggml_cgrap
     if (node->op == GGML_OP_RMS_NORM && ggml_can_fuse_subgraph(cgraph, i, { GGML_OP_RMS_NORM, GGML_OP_MUL, GGML_OP_MUL_MAT }, { i + 2 })) {
         const ggml_tensor * mul = cgraph->nodes[i + 1], * mm = cgraph->nodes[i + 2], * x = node->src[0];
         const ggml_tensor * w = mul->src[0] == node ? mul->src[1] : mul->src[0];
-        if (mm->src[1] == mul && fits(mm, x, mm->src[0]->ne[0]) && ggml_are_same_shape(mul, node) &&
-            w->type == GGML_TYPE_F32 && ggml_is_contiguous(w) && w->ne[0] == x->ne[0] && ggml_nrows(w) == 1) {
-            float eps;
-            memcpy(&eps, node->op_params, sizeof(float));
-            gemv_il_launch(ctx, mm->src[0], (const float *) x->data, x->nb[1]/sizeof(float), x->ne[1], GEMV_IL_RMS_NORM,
-                           (const float *) w->data, eps, (ggml_tensor *) mm);
+        if (mm->src[1] == mul && fits(mm, x, mm->src[0]->ne[0]) && ggml_are_same_shape(mul, node) && gemv_il_is_norm_weight(w, x->ne[0])) {
+            gemv_il_prologue_args p;
+            p.w = (const float *) w->data;
+            memcpy(&p.eps, node->op_params, sizeof(float));
+            gemv_il_launch(ctx, mm->src[0], (const float *) x->data, x->nb[1]/sizeof(float), x->ne[1], GEMV_IL_RMS_NORM, p, (ggml_tensor *) mm);
             return 2;
+        }
+    }
+    if (node->op == GGML_OP_RMS_NORM && i + 1 < cgraph->n_nodes && cgraph->nodes[i + 1]->op == GGML_OP_MUL) {
+        // the gated norm: x [head, n_heads, m] per head, times w [head], times silu(z) of x's shape
+        const int i_silu = gemv_il_next_op(cgraph, i + 2), i_mm = gemv_il_next_op(cgraph, i_silu + 2);
+        if (i_mm < cgraph->n_nodes && i_silu + 1 < cgraph->n_nodes) {
+            const ggml_tensor * mul = cgraph->nodes[i + 1], * silu = cgraph->nodes[i_silu], * gated = cgraph->nodes[i_silu + 1];
+            const ggml_tensor * mm = cgraph->nodes[i_mm], * x = node->src[0];
+            const ggml_tensor * w = mul->src[0] == node ? mul->src[1] : mul->src[0];
+            const ggml_tensor * z = silu->src[0];
+            // gated reaches the product only through views used once (so nothing else reads its unwritten data)
+            bool only_mm = gemv_il_used_once(cgraph, i_silu + 1);
+            const ggml_tensor * in = gated;
+            for (int j = i_silu + 2; j < i_mm && only_mm; ++j) {
+                if (cgraph->nodes[j]->src[0] == in) {
+                    in = cgraph->nodes[j];
+                    only_mm = gemv_il_used_once(cgraph, j);
+                }
+            }
+            if ((mul->src[0] == node || mul->src[1] == node) && ggml_are_same_shape(mul, x) &&
+                silu->op == GGML_OP_UNARY && ggml_get_unary_op(silu) == GGML_UNARY_OP_SILU && gated->op == GGML_OP_MUL &&
+                ((gated->src[0] == mul && gated->src[1] == silu) || (gated->src[0] == silu && gated->src[1] == mul)) &&
+                only_mm && mm->src[1] == in && ggml_is_contiguous(in) && mm->op == GGML_OP_MUL_MAT && ggml_cuda_gemv_il_owns(mm->src[0]) &&
+                mm->type == GGML_TYPE_F32 && mm->nb[0] == sizeof(float) &&
+                gemv_il_used_once(cgraph, i) && gemv_il_used_once(cgraph, i + 1) && gemv_il_used_once(cgraph, i_silu) &&
+                x->type == GGML_TYPE_F32 && z->type == GGML_TYPE_F32 && ggml_are_same_shape(x, z) && ggml_are_same_shape(x, gated) &&
+                x->ne[3] == 1 && x->nb[0] == sizeof(float) && x->nb[1] == x->ne[0]*sizeof(float) &&
+                z->nb[0] == sizeof(float) && z->nb[1] == z->ne[0]*sizeof(float) &&
+                x->ne[0]*x->ne[1] == mm->src[0]->ne[0] && x->ne[2] <= GEMV_IL_MAX_TOKENS*GEMV_IL_MAX_GROUPS &&
+                gemv_il_is_norm_weight(w, x->ne[0])) {
+                gemv_il_prologue_args p;
+                p.w = (const float *) w->data;
+                memcpy(&p.eps, node->op_params, sizeof(float));
+                p.z = (const float *) z->data;
+                p.stride_z = z->nb[2]/sizeof(float);
+                p.head = (int) x->ne[0];
+                gemv_il_launch(ctx, mm->src[0], (const float *) x->data, x->nb[2]/sizeof(float), x->ne[2], GEMV_IL_GATED_NORM, p, (ggml_tensor *) mm);
+                return i_mm - i;
+            }
         }
     }
     if (node->op == GGML_OP_GLU && ggml_get_glu_op(node) == GGML_GLU_OP_SWIGLU && node->src[1] == nullptr &&
         ggml_get_op_params_i32(node, 1) == 0 && ggml_can_fuse_subgraph(cgraph, i, { GGML_OP_GLU, GGML_OP_MUL_MAT }, { i + 1 })) {
         const ggml_tensor * mm = cgraph->nodes[i + 1], * x = node->src[0];
         if (mm->src[1] == node && fits(mm, x, 2*mm->src[0]->ne[0])) {
-            gemv_il_launch(ctx, mm->src[0], (const float *) x->data, x->nb[1]/sizeof(float), x->ne[1], GEMV_IL_SWIGLU,
-                           nullptr, 0.0f, (ggml_tensor *) mm);
+            gemv_il_launch(ctx, mm->src[0], (const float *) x->data, x->nb[1]/sizeof(float), x->ne[1], GEMV_IL_SWIGLU, {}, (ggml_tensor *) mm);
             return 1;
         }
     }

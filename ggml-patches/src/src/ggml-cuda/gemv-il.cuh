@@ -294,38 +294,56 @@ gemv_il_mul_mat(const uint8_t * w, const uint8_t * xq, const float * xs, float *
 // What the activation quantization computes from its input rows x before rounding, so that the
 // intermediate never reaches memory (the graph-level fusion is in gemv-il-ggml.cu):
 enum gemv_il_prologue {
-    GEMV_IL_PLAIN,    // x itself
-    GEMV_IL_RMS_NORM, // x / sqrt(mean(x^2) + eps) * norm_w (ggml's RMS_NORM then MUL by a row vector)
-    GEMV_IL_SWIGLU,   // silu(x[i]) * x[k + i]: x holds gate | up (ggml's single-input SWIGLU)
+    GEMV_IL_PLAIN,      // x itself
+    GEMV_IL_RMS_NORM,   // x / sqrt(mean(x^2) + eps) * w (ggml's RMS_NORM then MUL by a row vector)
+    GEMV_IL_SWIGLU,     // silu(x[i]) * x[k + i]: x holds gate | up (ggml's single-input SWIGLU)
+    GEMV_IL_GATED_NORM, // RMS_NORM per run of `head` elements, times w[i % head], times silu(z[i])
+};
+
+// The prologue's other inputs (unused fields stay zero).
+struct gemv_il_prologue_args {
+    const float * w        = nullptr; // the norm's weight: k floats (RMS_NORM) or `head` (GATED_NORM)
+    float         eps      = 0.0f;
+    const float * z        = nullptr; // GATED_NORM: the gate, z[tok*stride_z + i]
+    int64_t       stride_z = 0;
+    int           head     = 0;       // GATED_NORM: elements per normalized run
 };
 
 // grid (k/32), block 256 = 8 warps = the 8 token rows (rows >= m are written as zeros). x[tok*stride_x + i];
 // xs holds gemv_il_xs_count(k) scales, then as many sums. IEEE divisions on purpose: ggml builds with
-// -use_fast_math, and the CPU reference must get the same codes. Under RMS_NORM every CTA sums the
-// squares of its rows again (m*k floats from L2), which is cheaper than a launch for decode rows.
+// -use_fast_math, and the CPU reference must get the same codes. The norms sum the squares of their
+// rows (or heads) again in every CTA, from L1/L2: cheaper than a launch for decode rows.
 template <int prologue>
 static __global__ void __launch_bounds__(GEMV_IL_MAX_TOKENS*WARP_SIZE)
-gemv_il_quantize(const float * x, const int64_t stride_x, const int m, uint8_t * xq, float * xs,
-                 const float * norm_w, const float eps) {
+gemv_il_quantize(const float * x, const int64_t stride_x, const int m, uint8_t * xq, float * xs, const gemv_il_prologue_args p) {
     ggml_cuda_pdl_lc();
     const int64_t b   = blockIdx.x;
     const int     tok = threadIdx.x / WARP_SIZE;
     const int     kk  = threadIdx.x % WARP_SIZE;
     const int64_t k   = (int64_t) gridDim.x*32;
+    const int64_t e   = b*32 + kk;
 
     ggml_cuda_pdl_sync();
     float v = 0.0f;
-    if (tok < m) {
+    if (tok < m) { // one token per warp: the branch and the warp reductions are uniform
         const float * row = x + tok*stride_x;
-        v = row[b*32 + kk];
+        v = row[e];
         if constexpr (prologue == GEMV_IL_RMS_NORM) {
             float ss = 0.0f;
             for (int64_t i = kk; i < k; i += WARP_SIZE) {
                 ss += row[i]*row[i];
             }
-            v *= rsqrtf(warp_reduce_sum(ss)/(float) k + eps)*norm_w[b*32 + kk];
+            v *= rsqrtf(warp_reduce_sum(ss)/(float) k + p.eps)*p.w[e];
         } else if constexpr (prologue == GEMV_IL_SWIGLU) {
-            v = v/(1.0f + expf(-v))*row[k + b*32 + kk];
+            v = v/(1.0f + expf(-v))*row[k + e];
+        } else if constexpr (prologue == GEMV_IL_GATED_NORM) {
+            const int64_t h0 = e / p.head * p.head;
+            float ss = 0.0f;
+            for (int i = 0; i < p.head; ++i) {
+                ss += row[h0 + i]*row[h0 + i];
+            }
+            const float g = p.z[tok*p.stride_z + e];
+            v *= rsqrtf(ss/(float) p.head + p.eps)*p.w[e - h0]*(g/(1.0f + expf(-g)));
         }
     }
     const float amax = warp_reduce_max(fabsf(v));
