@@ -1,5 +1,5 @@
 // gemv-il-ggml.cu: the CUDA_IL buffer type and the MUL_MAT entry of the interleaved skinny GEMV
-// (bench/gemv/README.md, "Integration into ggml").
+// (bench/gemv/README.md, "The ggml path").
 //
 // The buffer is plain cudaMalloc memory. Eligible tensors (Q4_0, Q8_0, Q4_K, Q6_K; 2-D, contiguous, K a
 // multiple of 256; NVIDIA Turing or newer) are permuted on the host as they are uploaded and
