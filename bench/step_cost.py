@@ -1,0 +1,61 @@
+"""Cost of one forward step over M token rows against one row (the MTP verify shape, issue 6).
+
+    python3 bench/step_cost.py MODEL.gguf [-ngl 99] [--rows 1,2,4,8] [--steps 40] [--depth 512]
+
+After a prompt of --depth tokens, runs --steps passes of M rows for each M (each pass appends its
+rows; the context is reset before each M), after two untimed passes (graph build, CUDA graph
+capture), and prints the median wall time per pass and its ratio to M = 1. A pass returns the
+logits of its last row, as a verify step reads them, so every M pays the same readback.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import numpy as np
+
+from pyqwen._native import NativeContext, NativeModel
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("model")
+    ap.add_argument("-ngl", "--n-gpu-layers", type=int, default=99)
+    ap.add_argument("--rows", default="1,2,4,8", help="comma-separated row counts")
+    ap.add_argument("--steps", type=int, default=40)
+    ap.add_argument("--depth", type=int, default=512, help="tokens in the context before the timed passes")
+    a = ap.parse_args()
+    rows = [int(r) for r in a.rows.split(",")]
+
+    model = NativeModel(a.model, n_gpu_layers=a.n_gpu_layers, n_threads=None, verbose=False)
+    n_vocab = model.info.n_vocab
+    rng = np.random.default_rng(0)
+    n_ctx = a.depth + (a.steps + 2) * max(rows)
+    ctx = NativeContext(model, n_ctx=n_ctx, n_batch=max(512, max(rows)), type_k="f16", type_v="f16")
+    per_pass = {}
+    try:
+        for m in rows:
+            ctx.reset()
+            ctx.eval(rng.integers(0, n_vocab, size=a.depth), logits="none")
+            times = []
+            for step in range(a.steps + 2):
+                tokens = rng.integers(0, n_vocab, size=m)
+                t0 = time.perf_counter()
+                ctx.eval(tokens, logits="last")
+                if step >= 2:
+                    times.append(time.perf_counter() - t0)
+            per_pass[m] = statistics.median(times)
+    finally:
+        ctx.close()
+        model.close()
+
+    print(f"| rows | ms per pass | vs 1 row |  (depth {a.depth}, median of {a.steps} passes)")
+    print("|---:|---:|---:|")
+    for m in rows:
+        print(f"| {m} | {1e3 * per_pass[m]:.3f} | {per_pass[m] / per_pass[rows[0]]:.2f}x |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
