@@ -41,7 +41,7 @@ static bool gemv_il_eligible(const ggml_tensor * t, const int device) {
 #else
     return gemv_il_type(t->type) >= 0 && t->ne[2] == 1 && t->ne[3] == 1 && ggml_is_contiguous(t) &&
            t->ne[1] <= INT_MAX && t->ne[0] <= INT_MAX && gemv_il_supported_shape(t->ne[1], t->ne[0]) &&
-           ggml_cuda_info().devices[device].cc >= GGML_CUDA_CC_TURING;
+           ggml_cuda_info().devices[device].cc >= gemv_il_min_cc(gemv_il_type(t->type));
 #endif // defined(GGML_USE_HIP)
 }
 
