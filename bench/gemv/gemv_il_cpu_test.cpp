@@ -8,18 +8,19 @@
 
 #include <cstdio>
 
-// mma.m16n8k32.row.col.s32.s8.s8.s32 (K = 32) and mma.m16n8k16.row.col.s32.s8.s8.s32 (K = 16) as the PTX
-// ISA defines them (lane = 4g + t):
+// mma.m16n8k32.row.col.s32.s8.s8.s32 (K = 32; Q4_K: .u8 A) and mma.m16n8k16.row.col.s32.s8.s8.s32 (K = 16) as
+// the PTX ISA defines them (lane = 4g + t):
 //   A: a0 (row g, k 4t..4t+3), a1 (row g+8, k 4t..), and for K = 32 a2 (row g, k 16+4t..), a3 (row g+8, k 16+4t..)
 //   B: b0 (col g, k 4t..4t+3), and for K = 32 b1 (col g, k 16+4t..);  C: c0, c1 (row g, col 2t, 2t+1), c2, c3 (row g+8)
-template <int K>
+template <int K, bool a_unsigned = false>
 static void emulate_mma(const uint32_t a[32][K/8], const uint32_t b[32][K/16], int32_t c[32][4]) {
     int A[16][K], B[K][8];
     for (int l = 0; l < 32; ++l) {
         const int g = l / 4, t = l % 4;
         for (int r = 0; r < K/8; ++r) {
             for (int e = 0; e < 4; ++e) {
-                A[g + 8*(r % 2)][4*t + 16*(r / 2) + e] = (int8_t) (a[l][r] >> (8*e));
+                const uint8_t v = (uint8_t) (a[l][r] >> (8*e));
+                A[g + 8*(r % 2)][4*t + 16*(r / 2) + e] = a_unsigned ? (int) v : (int) (int8_t) v;
             }
         }
         for (int r = 0; r < K/16; ++r) {
@@ -39,9 +40,30 @@ static void emulate_mma(const uint32_t a[32][K/8], const uint32_t b[32][K/16], i
     }
 }
 
+// mma.m16n8k8.row.col.f32.tf32.tf32.f32, D = A*B + C: A a0 (row g, k t), a1 (row g+8, k t), a2 (row g, k t+4),
+// a3 (row g+8, k t+4); B b0 (k t, col g), b1 (k t+4, col g); C, D as above. The operands are used as tf32
+// (top 19 bits); the sums in float, which is as exact as the tensor core's or more.
+static void emulate_mma_tf32(const float a[32][4], const float b[32][2], float d[32][4]) {
+    const auto tf32 = [](float f) { float hi, lo; gemv_il_tf32_split(f, hi, lo); return hi; };
+    float A[16][8], B[8][8];
+    for (int l = 0; l < 32; ++l) {
+        const int g = l / 4, t = l % 4;
+        for (int r = 0; r < 4; ++r) A[g + 8*(r % 2)][t + 4*(r / 2)] = tf32(a[l][r]);
+        for (int r = 0; r < 2; ++r) B[t + 4*r][g] = tf32(b[l][r]);
+    }
+    for (int l = 0; l < 32; ++l) {
+        const int g = l / 4, t = l % 4;
+        for (int i = 0; i < 4; ++i) {
+            double s = 0.0;
+            for (int kk = 0; kk < 8; ++kk) s += (double) A[g + 8*(i / 2)][kk]*B[kk][2*t + i % 2];
+            d[l][i] += (float) s;
+        }
+    }
+}
+
 struct lane_chunk {
     uint32_t q[8][4];
-    uint32_t s[3];
+    uint32_t s[8];
 };
 
 // gemv_il_load_chunk (full tile) or gemv_il_gather_chunk (partial tile) for all 32 lanes.
@@ -51,7 +73,7 @@ static void emulate_load(int type, const uint8_t * tile, int nrows, int64_t k, i
             const uint8_t * chunk = tile + (int64_t) c*gemv_il_chunk_bytes(type);
             for (int j = 0; j < gemv_il_loads(type); ++j) memcpy(r[lane].q[j], chunk + j*GEMV_IL_WARP_LOAD + lane*16, 16);
             for (int i = 0; i < gemv_il_meta_words(type); ++i) {
-                memcpy(&r[lane].s[i], chunk + gemv_il_quant_bytes(type) + 2*gemv_il_meta_word_unit(lane, i), 4);
+                memcpy(&r[lane].s[i], chunk + gemv_il_quant_bytes(type) + 2*gemv_il_meta_word_unit(type, lane, i), 4);
             }
             continue;
         }
@@ -65,7 +87,7 @@ static void emulate_load(int type, const uint8_t * tile, int nrows, int64_t k, i
         }
         for (int i = 0; i < gemv_il_meta_words(type); ++i) {
             uint16_t lo = 0, hi = 0;
-            const int si = gemv_il_meta_word_unit(lane, i);
+            const int si = gemv_il_meta_word_unit(type, lane, i);
             if (gemv_il_meta_src(type, si).row < nrows)     memcpy(&lo, tile + gemv_il_meta_src_offset(type, k, c, si), 2);
             if (gemv_il_meta_src(type, si + 1).row < nrows) memcpy(&hi, tile + gemv_il_meta_src_offset(type, k, c, si + 1), 2);
             r[lane].s[i] = lo | ((uint32_t) hi << 16);
@@ -73,26 +95,23 @@ static void emulate_load(int type, const uint8_t * tile, int nrows, int64_t k, i
     }
 }
 
-// gemv_il_chunk_dot (and gemv_il_q4_k_scales) for all 32 lanes.
+// gemv_il_chunk_dot for all 32 lanes.
 static void emulate_chunk_dot(int type, const lane_chunk r[32], const uint8_t * xq, const float * xs, const float * xsum, float acc[32][4]) {
-    float ka[32][2][2], kb[32][2][2];
+    // Q4_K: scales of rows g, g+8 per lane; the tf32 mma of mins and block sums
+    uint32_t sc[32][2][2];
+    float mins[32][4] = {}, am[32][4], bhi[32][2], blo[32][2];
     for (int lane = 0; type == GEMV_IL_Q4_K && lane < 32; ++lane) {
-        for (int rr = 0; rr < 2; ++rr) {
-            uint32_t hdr[4];
-            for (int half = 0; half < 2; ++half) {
-                hdr[2*half + 0] = r[(lane & ~3) | (2*rr + half)].s[0];
-                hdr[2*half + 1] = r[(lane & ~3) | (2*rr + half)].s[1];
-            }
-            const float d = ref_half_to_float((uint16_t) hdr[0]), dmin = ref_half_to_float((uint16_t) (hdr[0] >> 16));
-            for (int i = 0; i < 2; ++i) {
-                int sc, m;
-                gemv_il_q4_k_scale_min(hdr + 1, 2*(lane & 3) + i, sc, m);
-                ka[lane][i][rr] = d*sc;
-                kb[lane][i][rr] = 128.0f*d*sc - 16.0f*dmin*m;
-            }
-        }
+        gemv_il_q4_k_scales(r[lane].s, sc[lane][0]);
+        gemv_il_q4_k_scales(r[lane].s + 4, sc[lane][1]);
+        gemv_il_q4_k_mins(r[lane].s, r[lane].s + 4, lane & 3, am[lane]);
+        for (int i = 0; i < 2; ++i) gemv_il_tf32_split(xsum[gemv_il_xs_index(lane >> 2, 4*i + (lane & 3))], bhi[lane][i], blo[lane][i]);
     }
-    float accd[32][4] = {};  // Q6_K: the chunk's sums before its rows' d
+    if (type == GEMV_IL_Q4_K) {
+        emulate_mma_tf32(am, bhi, mins);
+        emulate_mma_tf32(am, blo, mins);
+    }
+    float accd_hi[32][4] = {};  // Q4_K: odd sub-blocks
+    float accd[32][4] = {};  // the chunk's sums before its rows' d (Q4_K: even sub-blocks)
     for (int jp = 0; jp < GEMV_IL_CHUNK_BLOCKS/2; ++jp) {
         for (int h = 0; h < 2; ++h) {
             uint32_t a[32][4], b[32][2];
@@ -125,18 +144,20 @@ static void emulate_chunk_dot(int type, const lane_chunk r[32], const uint8_t * 
                 continue;
             }
             int32_t c[32][4];
+            if (type == GEMV_IL_Q4_K) {
+                emulate_mma<32, true>(a, b, c);
+                const int blk = 2*jp + h;
+                for (int lane = 0; lane < 32; ++lane) {
+                    for (int i = 0; i < 4; ++i) {
+                        const int s = gemv_il_byte<false>(sc[lane][i / 2][blk >> 2], blk & 3);
+                        (h ? accd_hi : accd)[lane][i] += (float) (c[lane][i]*s) * dx[lane][i % 2];
+                    }
+                }
+                continue;
+            }
             emulate_mma<32>(a, b, c);
             for (int lane = 0; lane < 32; ++lane) {
                 const int src = (lane & ~3) | jp;   // __shfl_sync source lane
-                if (type == GEMV_IL_Q4_K) {
-                    const float * sx = xsum + jp*16 + (lane & 3)*4 + 2*h;
-                    const float a0 = ka[src][h][0], a1 = ka[src][h][1], b0 = kb[src][h][0], b1 = kb[src][h][1];
-                    acc[lane][0] += (float) c[lane][0] * (a0*dx[lane][0]) + b0*sx[0];
-                    acc[lane][1] += (float) c[lane][1] * (a0*dx[lane][1]) + b0*sx[1];
-                    acc[lane][2] += (float) c[lane][2] * (a1*dx[lane][0]) + b1*sx[0];
-                    acc[lane][3] += (float) c[lane][3] * (a1*dx[lane][1]) + b1*sx[1];
-                    continue;
-                }
                 const uint32_t bits = r[src].s[h];
                 const float dw0 = ref_half_to_float((uint16_t) bits), dw1 = ref_half_to_float((uint16_t) (bits >> 16));
                 acc[lane][0] += (float) c[lane][0] * (dw0*dx[lane][0]);
@@ -144,6 +165,13 @@ static void emulate_chunk_dot(int type, const lane_chunk r[32], const uint8_t * 
                 acc[lane][2] += (float) c[lane][2] * (dw1*dx[lane][0]);
                 acc[lane][3] += (float) c[lane][3] * (dw1*dx[lane][1]);
             }
+        }
+    }
+    for (int lane = 0; type == GEMV_IL_Q4_K && lane < 32; ++lane) {
+        for (int i = 0; i < 4; ++i) {
+            const uint32_t h = r[lane].s[4*(i / 2)];  // d | dmin << 16 of row g or g+8
+            const float d = ref_half_to_float((uint16_t) h), dmin = ref_half_to_float((uint16_t) (h >> 16));
+            acc[lane][i] += d*(accd[lane][i] + accd_hi[lane][i]*(1.0f/16.0f)) - dmin*mins[lane][i];
         }
     }
     for (int lane = 0; type == GEMV_IL_Q6_K && lane < 32; ++lane) {

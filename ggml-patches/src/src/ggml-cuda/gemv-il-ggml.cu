@@ -2,7 +2,7 @@
 // (bench/gemv/README.md, "The ggml path").
 //
 // The buffer is plain cudaMalloc memory. Eligible tensors (Q4_0, Q8_0, Q4_K, Q6_K; 2-D, contiguous, K a
-// multiple of 256; NVIDIA Turing or newer) are permuted on the host as they are uploaded and
+// multiple of 256; NVIDIA Ampere or newer) are permuted on the host as they are uploaded and
 // un-permuted as they are downloaded, tile batch by tile batch through a small host staging
 // buffer, so no extra device memory is used and every reader through the backend API sees ggml's
 // bytes. Other tensors behave as in the plain CUDA buffer. cpy_tensor refuses, so no device copy
@@ -41,7 +41,7 @@ static bool gemv_il_eligible(const ggml_tensor * t, const int device) {
 #else
     return gemv_il_type(t->type) >= 0 && t->ne[2] == 1 && t->ne[3] == 1 && ggml_is_contiguous(t) &&
            t->ne[1] <= INT_MAX && t->ne[0] <= INT_MAX && gemv_il_supported_shape(t->ne[1], t->ne[0]) &&
-           ggml_cuda_info().devices[device].cc >= GGML_CUDA_CC_TURING;
+           ggml_cuda_info().devices[device].cc >= GGML_CUDA_CC_AMPERE; // the .L2::256B loads; Q4_K's u8 and tf32 mmas
 #endif // defined(GGML_USE_HIP)
 }
 

@@ -10,7 +10,8 @@
 //           bytes of its mma.m16n8k32 A fragments (rows g = l/4 and g+8, k = 4t..4t+3 and 16+4t..,
 //           t = l%4; Q6_K: low nibbles and high bit pairs in separate loads), then
 //   meta:   256 bytes, lane l's 8 bytes = Q4_0/Q8_0: the fp16 scales of rows g and g+8 for blocks 2t
-//           and 2t+1; Q4_K: half t%2 of the 16-byte header (d, dmin, 6-bit scales) of row g + 8*(t/2);
+//           and 2t+1; Q4_K: the 16 rows' 16-byte headers (d, dmin, 6-bit scales and mins) in row order,
+//           of which lane l loads those of rows g and g+8 (its group's 4 lanes load the same 32 bytes);
 //           Q6_K: the int8 scales of rows g and g+8 for the 16-groups of blocks 2t and 2t+1, then
 //           32 more bytes: the fp16 d of rows g and g+8 at 4*g, which the 4 lanes of group g all load.
 // So a warp streams a tile front to back with coalesced loads and no separate scale stream.
@@ -56,8 +57,9 @@ GEMV_IL_HD constexpr int gemv_il_quant_bytes(int type) { return type == GEMV_IL_
 GEMV_IL_HD constexpr int gemv_il_meta_bytes(int type)  { return type == GEMV_IL_Q6_K ? 288 : 256; }
 GEMV_IL_HD constexpr int gemv_il_chunk_bytes(int type) { return gemv_il_quant_bytes(type) + gemv_il_meta_bytes(type); }
 GEMV_IL_HD constexpr int gemv_il_loads(int type)       { return gemv_il_quant_bytes(type) / GEMV_IL_WARP_LOAD; }
-// 4-byte meta words per lane: 8 bytes of its own, plus Q6_K's d word shared by its group of 4 lanes
-GEMV_IL_HD constexpr int gemv_il_meta_words(int type)  { return type == GEMV_IL_Q6_K ? 3 : 2; }
+// 4-byte meta words per lane: 8 bytes of its own, plus Q6_K's d word shared by its group of 4 lanes; Q4_K:
+// the two headers of its rows
+GEMV_IL_HD constexpr int gemv_il_meta_words(int type)  { return type == GEMV_IL_Q4_K ? 8 : type == GEMV_IL_Q6_K ? 3 : 2; }
 // bytes of one row inside one chunk (= chunk bytes / 16)
 GEMV_IL_HD constexpr int gemv_il_chunk_row_bytes(int type) { return GEMV_IL_CHUNK_K / gemv_il_block_k(type) * gemv_il_block_bytes(type); }
 
@@ -79,7 +81,7 @@ struct gemv_il_src {
 //   Q8_0 [row g][row g+8][row g][row g+8] of block j, k = 4t.. for the first two and k = 16+4t.. for
 //        the last two (= a0..a3);
 //   Q4_K [row g][row g+8][row g][row g+8], qs bytes 32j+4t.. and 32j+16+4t..: the low nibbles are
-//        sub-block 2j (k = 4t.., 16+4t..), the high nibbles sub-block 2j+1.
+//        sub-block 2j (k = 4t.., 16+4t..), the high nibbles sub-block 2j+1 (ggml's order).
 //   Q6_K loads j = 3h + p cover half h of the super-block (ggml's 32-blocks b = 4h + s, s = 0..3):
 //        [row g][row g+8][row g][row g+8] at k = 4t.. then 16+4t.. of
 //        p = 0: ql bytes 64h + 4t.. (low nibbles: block s = 0, high nibbles: s = 2),
@@ -104,7 +106,7 @@ GEMV_IL_HD gemv_il_src gemv_il_quant_src(int type, int qi) {
 // 2-byte meta unit si (0 .. meta_bytes/2) of a chunk.
 //   Q4_0, Q8_0: lane l = 4g + t holds d[g, 2t], d[g+8, 2t], d[g, 2t+1], d[g+8, 2t+1], so the half2
 //     {d[g, b], d[g+8, b]} every lane of group g needs for block b sits in lane 4g + b/2, word b%2.
-//   Q4_K: lane l = 4g + t holds header bytes 8*(t%2)..+7 of row g + 8*(t/2).
+//   Q4_K: unit 8r + i is bytes 2i, 2i+1 of row r's header (d, dmin, 12 bytes of scales and mins).
 //   Q6_K: lane l = 4g + t holds, for blocks b = 2t, 2t+1, the scale pair {scales[2b], scales[2b+1]} of
 //     row g, then of row g+8: block b's 4 scales sit in lane 4g + b/2, word b%2, as for Q4_0. Units 128..143
 //     are the half2 {d[g], d[g+8]} for g = 0..7.
@@ -112,7 +114,7 @@ GEMV_IL_HD gemv_il_src gemv_il_meta_src(int type, int si) {
     const int l = si >> 2, h = si & 3;
     const int g = l >> 2, t = l & 3;
     if (type == GEMV_IL_Q4_K) {
-        return { g + 8*(t >> 1), 0, 8*(t & 1) + 2*h };
+        return { si >> 3, 0, 2*(si & 7) };
     }
     if (type == GEMV_IL_Q6_K) {
         const int u = si - 128;
@@ -122,8 +124,11 @@ GEMV_IL_HD gemv_il_src gemv_il_meta_src(int type, int si) {
     return { g + 8*(h & 1), 2*t + (h >> 1), 0 };
 }
 
-// First meta unit of lane `lane`'s meta word i (its 2 units are consecutive).
-GEMV_IL_HD constexpr int gemv_il_meta_word_unit(int lane, int i) { return i < 2 ? 4*lane + 2*i : 128 + 2*(lane >> 2); }
+// First meta unit of lane `lane`'s meta word i (its 2 units are consecutive). Q4_K: words 0..3 are row g's
+// header, 4..7 row g+8's.
+GEMV_IL_HD constexpr int gemv_il_meta_word_unit(int type, int lane, int i) {
+    return type == GEMV_IL_Q4_K ? 8*((lane >> 2) + 8*(i >> 2)) + 2*(i & 3) : i < 2 ? 4*lane + 2*i : 128 + 2*(lane >> 2);
+}
 
 // Byte offset, inside the 16 rows of a tile in ggml's layout, of a quant word / meta unit of chunk c.
 GEMV_IL_HD int64_t gemv_il_src_offset(int type, int64_t k, int c, gemv_il_src s) {
@@ -153,9 +158,10 @@ GEMV_IL_HD int64_t gemv_il_xs_index(int m, int64_t b) {
 GEMV_IL_HD int64_t gemv_il_xq_bytes(int64_t k) { return GEMV_IL_MAX_TOKENS*k; }
 GEMV_IL_HD int64_t gemv_il_xs_count(int64_t k) { return GEMV_IL_MAX_TOKENS*(k/32); }  // scales; as many sums follow
 
-// The A fragments of one 32-block of a chunk, from the words of its quant loads. Q4_0 and Q4_K nibbles
-// become 16*(q - 8): the nibble goes to the high half of the byte and its top bit flips, one LOP3 (and a
-// shift) per register. Q6_K's 6-bit q becomes 4*(q - 32) the same way: the low nibble to bits 2..5, the
+// The A fragments of one 32-block of a chunk, from the words of its quant loads. Q4_0 nibbles become
+// 16*(q - 8): the nibble goes to the high half of the byte and its top bit flips, one LOP3 (and a shift)
+// per register. Q4_K's stay unsigned, for an mma with u8 A: the low nibbles as q, the high ones as 16*q,
+// one LOP3 per register (the 16 is taken out per chunk, the min per sub-block by gemv_il_q4_k_mins). Q6_K's 6-bit q becomes 4*(q - 32) the same way: the low nibble to bits 2..5, the
 // high bit pair to bits 6..7 with its top bit flipped (flipped once per qh word, for its 4 pairs at once):
 // two shifts and two LOP3 per register. The factor (16, 4) is taken out once per output (gemv_il_out_scale).
 GEMV_IL_HD uint32_t gemv_il_q4_lo(uint32_t x) { return ((x << 4) & 0xF0F0F0F0u) ^ 0x80808080u; }
@@ -174,7 +180,9 @@ GEMV_IL_HD uint32_t gemv_il_q6(uint32_t lo, uint32_t hi_x, int s) {
     const uint32_t l = (s & 2 ? lo >> 2 : lo << 2) & 0x3C3C3C3Cu;
     return l | ((hi_x << (6 - 2*s)) & 0xC0C0C0C0u);
 }
-GEMV_IL_HD constexpr float gemv_il_out_scale(int type) { return type == GEMV_IL_Q8_0 ? 1.0f : type == GEMV_IL_Q6_K ? 0.25f : 1.0f/16.0f; }
+GEMV_IL_HD constexpr float gemv_il_out_scale(int type) {
+    return type == GEMV_IL_Q8_0 || type == GEMV_IL_Q4_K ? 1.0f : type == GEMV_IL_Q6_K ? 0.25f : 1.0f/16.0f;
+}
 
 // A fragment (a0..a3: rows g, g+8 at k 4t.., then at k 16+4t..) of block b (0..7) of a chunk whose quant
 // loads hold the words q[load][0..3].
@@ -188,7 +196,7 @@ GEMV_IL_HD void gemv_il_frag_a(int type, const uint32_t (*q)[4], int b, uint32_t
         a[3] = gemv_il_q4_hi(xg8);
     } else if (type == GEMV_IL_Q4_K) {
         for (int r = 0; r < 4; ++r) {
-            a[r] = b & 1 ? gemv_il_q4_hi(q[b >> 1][r]) : gemv_il_q4_lo(q[b >> 1][r]);
+            a[r] = q[b >> 1][r] & (b & 1 ? 0xF0F0F0F0u : 0x0F0F0F0Fu);
         }
     } else if (type == GEMV_IL_Q6_K) {
         const int h = b >> 2, s = b & 3;
@@ -202,15 +210,31 @@ GEMV_IL_HD void gemv_il_frag_a(int type, const uint32_t (*q)[4], int b, uint32_t
     }
 }
 
-// Byte i of w as a signed int. On the device one PRMT: a selector nibble with its msb set replicates the
-// sign of the byte it picks (PTX ISA, prmt); ptxas shifts first for bytes 1 and 2 when written in C.
-GEMV_IL_HD int gemv_il_s8(uint32_t w, int i) {
+// Byte i of w as a signed (Q6_K's scales) or unsigned (Q4_K's) int. On the device one PRMT: a selector nibble
+// with its msb set replicates the sign of the byte it picks, selector 4 picks a zero byte of the second
+// operand (PTX ISA, prmt); ptxas shifts first for bytes 1 and 2 when written in C.
+template <bool is_signed>
+GEMV_IL_HD int gemv_il_byte(uint32_t w, int i) {
 #if defined(__CUDA_ARCH__)
     int r;
-    asm("prmt.b32 %0, %1, 0, %2;" : "=r"(r) : "r"(w), "r"(0x8880 + 0x1111*i));
+    asm("prmt.b32 %0, %1, 0, %2;" : "=r"(r) : "r"(w), "r"(is_signed ? 0x8880 + 0x1111*i : 0x4440 + i));
     return r;
 #else
-    return (int8_t) (w >> 8*i);
+    return is_signed ? (int) (int8_t) (w >> 8*i) : (int) ((w >> 8*i) & 0xFF);
+#endif // defined(__CUDA_ARCH__)
+}
+
+// __byte_perm: byte n of the result is byte (s >> 4n) & 7 of the 8 bytes {y:x} (x the low 4).
+GEMV_IL_HD uint32_t gemv_il_byte_perm(uint32_t x, uint32_t y, uint32_t s) {
+#if defined(__CUDA_ARCH__)
+    return __byte_perm(x, y, s);
+#else
+    const uint64_t v = x | (uint64_t) y << 32;
+    uint32_t r = 0;
+    for (int n = 0; n < 4; ++n) {
+        r |= (uint32_t) ((v >> 8*((s >> 4*n) & 7)) & 0xFF) << 8*n;
+    }
+    return r;
 #endif // defined(__CUDA_ARCH__)
 }
 
@@ -220,21 +244,45 @@ GEMV_IL_HD int gemv_il_s8(uint32_t w, int i) {
 GEMV_IL_HD void gemv_il_q6_k_scale(const int lo[4], const int hi[4], uint32_t sc, int c[4]) {
     for (int i = 0; i < 4; ++i) {
         const int r = 2*(i >> 1);
-        c[i] = lo[i]*gemv_il_s8(sc, r) + hi[i]*gemv_il_s8(sc, r + 1);
+        c[i] = lo[i]*gemv_il_byte<true>(sc, r) + hi[i]*gemv_il_byte<true>(sc, r + 1);
     }
 }
 
-// Q4_K: 6-bit scale and min of sub-block j from the 12 scale bytes as 3 little-endian words
-// (ggml's get_scale_min_k4).
-GEMV_IL_HD void gemv_il_q4_k_scale_min(const uint32_t q[3], int j, int & sc, int & m) {
-    const auto byte = [&](int w, int i) { return (int) ((q[w] >> (8*i)) & 0xFF); };
-    if (j < 4) {
-        sc = byte(0, j) & 63;
-        m  = byte(1, j) & 63;
-    } else {
-        sc = (byte(2, j - 4) & 0xF) | ((byte(0, j - 4) >> 6) << 4);
-        m  = (byte(2, j - 4) >>  4) | ((byte(1, j - 4) >> 6) << 4);
-    }
+// Q4_K header words of a row: h[0] = d | dmin << 16 (fp16), h[1..3] = ggml's 12 bytes of 6-bit scales and
+// mins (get_scale_min_k4: bytes 0..3 scales 0..3 and the top bits of scales 4..7, bytes 4..7 the same for
+// the mins, bytes 8..11 the low nibbles of scales 4..7 | mins 4..7 << 4).
+// The row's 8 scales, one per byte: sc[0] sub-blocks 0..3, sc[1] sub-blocks 4..7 (each then one PRMT).
+GEMV_IL_HD void gemv_il_q4_k_scales(const uint32_t h[4], uint32_t sc[2]) {
+    sc[0] = h[1] & 0x3F3F3F3Fu;
+    sc[1] = (h[3] & 0x0F0F0F0Fu) | ((h[1] >> 2) & 0x30303030u);
+}
+
+// Q4_K mins, as the A fragment of an m16n8k8 tf32 mma whose k is the chunk's sub-block: lane 4g + t gets the
+// mins of sub-blocks t (a0: row g, a1: row g+8) and t+4 (a2, a3), from the header words hg, hg8 of rows g,
+// g+8. Integers up to 63, exact in tf32. Times the activation block sums (B: k = sub-block, n = token), the
+// mma gives each row and token its sum over the chunk of min * block sum.
+GEMV_IL_HD void gemv_il_q4_k_mins(const uint32_t hg[4], const uint32_t hg8[4], int t, float a[4]) {
+    const uint32_t sel = t | (4 + t) << 8; // byte t of row g's word to half 0, of row g+8's to half 1
+    const uint32_t w2 = gemv_il_byte_perm(hg[2], hg8[2], sel), w3 = gemv_il_byte_perm(hg[3], hg8[3], sel);
+    const uint32_t lo = w2 & 0x003F003Fu;                                      // mins t
+    const uint32_t hi = ((w3 >> 4) & 0x000F000Fu) | ((w2 >> 2) & 0x00300030u); // mins t+4
+    a[0] = (float) (lo & 0xFFFF);
+    a[1] = (float) (lo >> 16);
+    a[2] = (float) (hi & 0xFFFF);
+    a[3] = (float) (hi >> 16);
+}
+
+// s as hi + lo, both tf32 (the top 19 bits of a float, what the mma reads): |s - hi - lo| <= 2^-21 |s|.
+GEMV_IL_HD void gemv_il_tf32_split(float s, float & hi, float & lo) {
+    const auto tf32 = [](float f) {
+        uint32_t u;
+        memcpy(&u, &f, 4);
+        u &= 0xFFFFE000u;
+        memcpy(&f, &u, 4);
+        return f;
+    };
+    hi = tf32(s);
+    lo = tf32(s - hi);
 }
 
 // ---- host side: re-layout of whole tensors (set_tensor, get_tensor, tests) ----

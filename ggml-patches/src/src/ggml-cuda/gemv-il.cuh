@@ -3,8 +3,9 @@
 //
 // One mma.m16n8k32 (s8 x s8 -> s32) multiplies a 32-block of 16 weight rows with the same block of
 // the 8 token rows, so 8 tokens cost what 1 costs: the work per weight byte does not depend on M.
-// Each block's int32 product is scaled by its weight scale and float activation scale in fp32 (Q4_K:
-// plus its min times the activation block sum). Q6_K has a scale per 16 values: two mma.m16n8k16 per
+// Each block's int32 product is scaled by its weight scale and float activation scale in fp32. Q4_K: the
+// unsigned codes in a u8 x s8 mma, times the 6-bit scale in int32; the mins times the activation block sums
+// are one tf32 mma per chunk (twice: hi and lo parts of the sums), and d, dmin apply per chunk. Q6_K has a scale per 16 values: two mma.m16n8k16 per
 // block, their int32 results times the int8 scales added in int32, and the fp16 d applied per chunk.
 // A CTA owns one 16-row tile; its warps split K (chunk c goes to warp c % nwarps) and add up their
 // partial sums in shared memory at the end. Weights are read once, as 16-byte streaming loads that
@@ -15,8 +16,8 @@
 // Launch with ggml_cuda_kernel_launch: on Hopper it enables programmatic dependent launch, and the
 // GEMV loads its first weight chunks before waiting for the kernel that writes its activations.
 //
-// CUDA only for now: the fragment layout is NVIDIA's (Turing and newer; Turing runs the k32 mma as
-// four k16 ones). An AMD port keeps the kernel structure and swaps the layout for the MFMA / WMMA
+// CUDA only for now, Ampere and newer (the loads' .L2::256B qualifier, Q4_K's u8 and tf32 mmas): the
+// fragment layout is NVIDIA's. An AMD port keeps the kernel structure and swaps the layout for the MFMA / WMMA
 // fragments (bench/gemv/README.md, "HIP").
 #pragma once
 
@@ -61,7 +62,7 @@ static __device__ __forceinline__ uint32_t gemv_il_load_stream4(const uint8_t * 
 }
 
 // One chunk (16 rows x 256 K) of a warp's lane: the words of its quant loads and its meta words
-// (4 fp16 scales, half a Q4_K header, or Q6_K's 8 int8 scales and {d[g], d[g+8]}).
+// (4 fp16 scales, the Q4_K headers of rows g and g+8, or Q6_K's 8 int8 scales and {d[g], d[g+8]}).
 template <int type>
 struct gemv_il_chunk {
     uint32_t q[gemv_il_loads(type)][4];
@@ -76,10 +77,18 @@ static __device__ __forceinline__ void gemv_il_load_chunk(gemv_il_chunk<type> & 
         r.q[j][0] = v.x; r.q[j][1] = v.y; r.q[j][2] = v.z; r.q[j][3] = v.w;
     }
     const uint8_t * meta = chunk + gemv_il_quant_bytes(type);
-    const uint2 s = gemv_il_load_stream8(meta + 2*gemv_il_meta_word_unit(lane, 0));
+    if constexpr (type == GEMV_IL_Q4_K) { // two headers; the 4 lanes of a group load the same ones
+#pragma unroll
+        for (int i = 0; i < 8; i += 4) {
+            const uint4 h = gemv_il_load_stream16(meta + 2*gemv_il_meta_word_unit(type, lane, i));
+            r.s[i] = h.x; r.s[i + 1] = h.y; r.s[i + 2] = h.z; r.s[i + 3] = h.w;
+        }
+        return;
+    }
+    const uint2 s = gemv_il_load_stream8(meta + 2*gemv_il_meta_word_unit(type, lane, 0));
     r.s[0] = s.x; r.s[1] = s.y;
     if constexpr (gemv_il_meta_words(type) > 2) { // the 4 lanes of a group load the same word: one 32-byte sector
-        r.s[2] = gemv_il_load_stream4(meta + 2*gemv_il_meta_word_unit(lane, 2));
+        r.s[2] = gemv_il_load_stream4(meta + 2*gemv_il_meta_word_unit(type, lane, 2));
     }
 }
 
@@ -107,7 +116,7 @@ static __device__ void gemv_il_gather_chunk(gemv_il_chunk<type> & r, const uint8
     }
 #pragma unroll
     for (int i = 0; i < gemv_il_meta_words(type); ++i) {
-        const int si0 = gemv_il_meta_word_unit(lane, i);
+        const int si0 = gemv_il_meta_word_unit(type, lane, i);
         const uint32_t lo = gemv_il_gather_bytes(rows, nrows, gemv_il_meta_src(type, si0).row,     gemv_il_meta_src_offset(type, k, c, si0),     2);
         const uint32_t hi = gemv_il_gather_bytes(rows, nrows, gemv_il_meta_src(type, si0 + 1).row, gemv_il_meta_src_offset(type, k, c, si0 + 1), 2);
         r.s[i] = lo | (hi << 16);
@@ -120,28 +129,17 @@ static __device__ __forceinline__ float2 gemv_il_half2_bits_to_float2(const uint
     return __half22float2(h);
 }
 
-// Q4_K: lane 4g + t decodes the scales and mins of sub-blocks 2t, 2t+1 for rows g and g+8 (from the
-// headers its group holds), as ka = d*sc and kb = 16*(8*d*sc - dmin*m); the MMA sees 16*(q - 8), so
-// 16 * (w . x) = c * ka * d_x + kb * s_x per sub-block.
-template <int type>
-static __device__ __forceinline__ void gemv_il_q4_k_scales(const gemv_il_chunk<type> & r, const int lane, float ka[2][2], float kb[2][2]) {
-#pragma unroll
-    for (int rr = 0; rr < 2; ++rr) {
-        uint32_t hdr[4];  // d|dmin, then the 12 scale bytes
-#pragma unroll
-        for (int half = 0; half < 2; ++half) {
-            hdr[2*half + 0] = __shfl_sync(0xFFFFFFFF, r.s[0], (lane & ~3) | (2*rr + half));
-            hdr[2*half + 1] = __shfl_sync(0xFFFFFFFF, r.s[1], (lane & ~3) | (2*rr + half));
-        }
-        const float2 dm = gemv_il_half2_bits_to_float2(hdr[0]);
-#pragma unroll
-        for (int i = 0; i < 2; ++i) {
-            int sc, m;
-            gemv_il_q4_k_scale_min(hdr + 1, 2*(lane & 3) + i, sc, m);
-            ka[i][rr] = dm.x*sc;
-            kb[i][rr] = 128.0f*dm.x*sc - 16.0f*dm.y*m;
-        }
-    }
+// mma.m16n8k32 with u8 A (Q4_K's codes: q and 16*q) and s8 B, C = 0 (Ampere and newer; ggml's mma wrapper
+// has s8 A only).
+static __device__ __forceinline__ void gemv_il_mma_u8s8(int d[4], const uint32_t a[4], const int b0, const int b1) {
+#if __CUDA_ARCH__ >= GGML_CUDA_CC_AMPERE
+    asm("mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%10, %10, %10, %10};"
+        : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "r"(0));
+#else
+    GGML_UNUSED_VARS(d, a, b0, b1);
+    NO_DEVICE_CODE;
+#endif // __CUDA_ARCH__ >= GGML_CUDA_CC_AMPERE
 }
 
 // acc (rows g, g+8 x tokens 2t, 2t+1, the mma's C layout) += this chunk's 8 blocks of 32.
@@ -150,11 +148,22 @@ template <int type>
 static __device__ __forceinline__ void gemv_il_chunk_dot(const gemv_il_chunk<type> & r, const uint8_t * xq, const float * xs,
                                                          const float * xsum, const int lane, float acc[4]) {
     using namespace ggml_cuda_mma;
-    [[maybe_unused]] float ka[2][2], kb[2][2];
+    [[maybe_unused]] float accd[4] = {0.0f, 0.0f, 0.0f, 0.0f};    // the chunk's sums before its rows' d (Q4_K: even sub-blocks)
+    [[maybe_unused]] float accd_hi[4] = {0.0f, 0.0f, 0.0f, 0.0f}; // Q4_K: odd sub-blocks, codes 16*q
+    [[maybe_unused]] uint32_t sc[2][2];                           // Q4_K: scales of rows g, g+8 (gemv_il_q4_k_scales)
+    [[maybe_unused]] tile<16, 8, float> mins;                     // Q4_K: sum of min * block sum per row and token
     if constexpr (type == GEMV_IL_Q4_K) {
-        gemv_il_q4_k_scales(r, lane, ka, kb);
+        gemv_il_q4_k_scales(r.s, sc[0]);
+        gemv_il_q4_k_scales(r.s + 4, sc[1]);
+        tile<16, 8, float> A;
+        gemv_il_q4_k_mins(r.s, r.s + 4, lane & 3, A.x);
+        // B: the block sums of token g for sub-blocks t and t+4, in two tf32 parts
+        tile<8, 8, float> Bhi, Blo;
+        gemv_il_tf32_split(xsum[gemv_il_xs_index(lane >> 2, lane & 3)],     Bhi.x[0], Blo.x[0]);
+        gemv_il_tf32_split(xsum[gemv_il_xs_index(lane >> 2, 4 + (lane & 3))], Bhi.x[1], Blo.x[1]);
+        mma(mins, A, Bhi);
+        mma(mins, A, Blo);
     }
-    [[maybe_unused]] float accd[4] = {0.0f, 0.0f, 0.0f, 0.0f}; // Q6_K: the chunk's sums before its rows' d
 #pragma unroll
     for (int jp = 0; jp < GEMV_IL_CHUNK_BLOCKS/2; ++jp) {
         const uint4  xa = *(const uint4  *) (xq + jp*GEMV_IL_WARP_LOAD + lane*16);
@@ -185,6 +194,19 @@ static __device__ __forceinline__ void gemv_il_chunk_dot(const gemv_il_chunk<typ
                 accd[3] += (float) c[3] * dx1;
                 continue;
             }
+            if constexpr (type == GEMV_IL_Q4_K) {
+                // exact in int32 and in the float: |c * sc| <= 16*15*127*32*63, a multiple of 16 below 2^26
+                int c[4];
+                gemv_il_mma_u8s8(c, a, b0, b1);
+                const int b = 2*jp + h;
+                const int sg = gemv_il_byte<false>(sc[0][b >> 2], b & 3), sg8 = gemv_il_byte<false>(sc[1][b >> 2], b & 3);
+                float * ad = h ? accd_hi : accd;
+                ad[0] += (float) (c[0]*sg)  * dx0;
+                ad[1] += (float) (c[1]*sg)  * dx1;
+                ad[2] += (float) (c[2]*sg8) * dx0;
+                ad[3] += (float) (c[3]*sg8) * dx1;
+                continue;
+            }
             tile<16, 8, int> A;
             A.x[0] = a[0]; A.x[1] = a[1]; A.x[2] = a[2]; A.x[3] = a[3];
             tile<8, 8, int> B;
@@ -192,24 +214,19 @@ static __device__ __forceinline__ void gemv_il_chunk_dot(const gemv_il_chunk<typ
             B.x[1] = b1;
             tile<16, 8, int> D;
             mma(D, A, B);
-            if constexpr (type == GEMV_IL_Q4_K) {
-                const float4 xm  = *(const float4 *) (xsum + jp*16 + (lane & 3)*4);
-                const float  sx0 = h ? xm.z : xm.x;
-                const float  sx1 = h ? xm.w : xm.y;
-                const float  a0  = __shfl_sync(0xFFFFFFFF, ka[h][0], src), a1 = __shfl_sync(0xFFFFFFFF, ka[h][1], src);
-                const float  b0  = __shfl_sync(0xFFFFFFFF, kb[h][0], src), b1 = __shfl_sync(0xFFFFFFFF, kb[h][1], src);
-                acc[0] += (float) D.x[0] * (a0*dx0) + b0*sx0;
-                acc[1] += (float) D.x[1] * (a0*dx1) + b0*sx1;
-                acc[2] += (float) D.x[2] * (a1*dx0) + b1*sx0;
-                acc[3] += (float) D.x[3] * (a1*dx1) + b1*sx1;
-            } else {
-                const float2 dw = gemv_il_half2_bits_to_float2(__shfl_sync(0xFFFFFFFF, r.s[h], src));
-                acc[0] += (float) D.x[0] * (dw.x*dx0);
-                acc[1] += (float) D.x[1] * (dw.x*dx1);
-                acc[2] += (float) D.x[2] * (dw.y*dx0);
-                acc[3] += (float) D.x[3] * (dw.y*dx1);
-            }
+            const float2 dw = gemv_il_half2_bits_to_float2(__shfl_sync(0xFFFFFFFF, r.s[h], src));
+            acc[0] += (float) D.x[0] * (dw.x*dx0);
+            acc[1] += (float) D.x[1] * (dw.x*dx1);
+            acc[2] += (float) D.x[2] * (dw.y*dx0);
+            acc[3] += (float) D.x[3] * (dw.y*dx1);
         }
+    }
+    if constexpr (type == GEMV_IL_Q4_K) {
+        const float2 dg = gemv_il_half2_bits_to_float2(r.s[0]), dg8 = gemv_il_half2_bits_to_float2(r.s[4]); // {d, dmin}
+        acc[0] += dg.x *(accd[0] + accd_hi[0]*(1.0f/16.0f)) - dg.y *mins.x[0];
+        acc[1] += dg.x *(accd[1] + accd_hi[1]*(1.0f/16.0f)) - dg.y *mins.x[1];
+        acc[2] += dg8.x*(accd[2] + accd_hi[2]*(1.0f/16.0f)) - dg8.y*mins.x[2];
+        acc[3] += dg8.x*(accd[3] + accd_hi[3]*(1.0f/16.0f)) - dg8.y*mins.x[3];
     }
     if constexpr (type == GEMV_IL_Q6_K) {
         const float2 d = gemv_il_half2_bits_to_float2(r.s[2]); // {d[g], d[g+8]}
