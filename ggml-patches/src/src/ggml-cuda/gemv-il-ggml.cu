@@ -281,7 +281,8 @@ static void gemv_il_transfer(const ggml_tensor * t, uint8_t * host, const size_t
     std::vector<uint8_t> il(std::min(batch, il_bytes)), plain(il.size());
 
     const size_t end = offset + size;
-    for (size_t b0 = offset/batch*batch; b0 < std::min(end, il_bytes); b0 += batch) {
+    // the batches that [offset, end) meets inside the interleaved tiles (none when it starts past them)
+    for (size_t b0 = offset/batch*batch; offset < il_bytes && b0 < std::min(end, il_bytes); b0 += batch) {
         const size_t b1 = std::min(b0 + batch, il_bytes);
         const size_t lo = std::max(offset, b0), hi = std::min(end, b1);
         const bool whole = lo == b0 && hi == b1;
