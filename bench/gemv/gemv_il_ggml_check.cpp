@@ -1,7 +1,10 @@
 // The integrated path of the interleaved GEMV, through ggml's public API on a CUDA device: weights
 // uploaded into the CUDA_IL buffer type must read back as ggml's bytes (get_tensor un-permutes), and
 // MUL_MAT on them (M = 1..8 through the GEMV, M = 13 as two launches) must match ggml's CPU backend on
-// the same quantized weights. Exit code non-zero on any failure.
+// the same quantized weights. M = 24 is three GEMV launches, M = 40 and 64 take the prefill path (the
+// weight de-interleaved into the pool for upstream's kernels). Every weight is also uploaded in row
+// pieces, as pyqwen's stacked projections are, some starting inside the partial last tile.
+// Exit code non-zero on any failure.
 // Build (after a CUDA build of vendor/ggml into $G): see bench/gemv/README.md, "The ggml path".
 #include "ggml.h"
 #include "ggml-alloc.h"
@@ -11,14 +14,16 @@
 
 #include <cmath>
 #include <cstdio>
+#include <algorithm>
 #include <cstring>
 #include <random>
 #include <vector>
 
 // dst[m, n] = W[n, :] . x[m, :] for W (type, k x n) and x (f32, k x m) on `backend`, W in `wbuft`.
+// With `pieces`, W is uploaded as row ranges split at n/3, 2n/3, n - 3 and n - 1.
 static std::vector<float> mul_mat(ggml_backend_t backend, ggml_backend_buffer_type_t wbuft, ggml_type type,
                                   const std::vector<uint8_t> & w, const std::vector<float> & x, int k, int n, int m,
-                                  std::vector<uint8_t> * w_back) {
+                                  std::vector<uint8_t> * w_back, bool pieces) {
     ggml_init_params ip = { 4*ggml_tensor_overhead() + ggml_graph_overhead(), nullptr, true };
     ggml_context * cw = ggml_init(ip), * cx = ggml_init(ip);
     ggml_tensor * W = ggml_new_tensor_2d(cw, type, k, n);
@@ -27,7 +32,17 @@ static std::vector<float> mul_mat(ggml_backend_t backend, ggml_backend_buffer_ty
     ggml_backend_buffer_t bw = ggml_backend_alloc_ctx_tensors_from_buft(cw, wbuft);
     ggml_backend_buffer_set_usage(bw, GGML_BACKEND_BUFFER_USAGE_WEIGHTS);
     ggml_backend_buffer_t bx = ggml_backend_alloc_ctx_tensors(cx, backend);
-    ggml_backend_tensor_set(W, w.data(), 0, w.size());
+    if (pieces) {
+        const size_t row = ggml_row_size(type, k);
+        const int cuts[] = { 0, n/3, 2*n/3, std::max(2*n/3, n - 3), std::max(2*n/3, n - 1), n };
+        for (int i = 0; i + 1 < 6; ++i) {
+            if (cuts[i + 1] > cuts[i]) {
+                ggml_backend_tensor_set(W, w.data() + cuts[i]*row, cuts[i]*row, (size_t) (cuts[i + 1] - cuts[i])*row);
+            }
+        }
+    } else {
+        ggml_backend_tensor_set(W, w.data(), 0, w.size());
+    }
     ggml_backend_tensor_set(X, x.data(), 0, x.size()*sizeof(float));
     if (w_back) {
         w_back->resize(w.size());
@@ -59,12 +74,13 @@ int main() {
             for (float & v : wf) v = nd(rng);
             std::vector<uint8_t> w(ggml_row_size(type, k)*n);
             ggml_quantize_chunk(type, wf.data(), w.data(), 0, n, k, nullptr);
-            for (int m : {1, 2, 3, 5, 8, 13}) {
+            for (int m : {1, 2, 3, 5, 8, 13, 24, 40, 64}) {
+                const bool pieces = m % 2 == 1;
                 std::vector<float> x((size_t) k*m);
                 for (float & v : x) v = nd(rng);
                 std::vector<uint8_t> back;
-                const std::vector<float> y = mul_mat(gpu, ggml_backend_cuda_gemv_il_buffer_type(0), type, w, x, k, n, m, &back);
-                const std::vector<float> r = mul_mat(cpu, ggml_backend_cpu_buffer_type(), type, w, x, k, n, m, nullptr);
+                const std::vector<float> y = mul_mat(gpu, ggml_backend_cuda_gemv_il_buffer_type(0), type, w, x, k, n, m, &back, pieces);
+                const std::vector<float> r = mul_mat(cpu, ggml_backend_cpu_buffer_type(), type, w, x, k, n, m, nullptr, false);
                 double e2 = 0, r2 = 0;
                 bool finite = true;
                 for (size_t i = 0; i < y.size(); ++i) {
@@ -76,8 +92,8 @@ int main() {
                 // both sides quantize the activations to 8 bits (CPU: fp16 scales): about 1e-3 apart
                 const bool ok = finite && rel < 1e-2 && back == w;
                 (ok ? passed : failed)++;
-                printf("%-5s k=%5d n=%5d m=%2d  rel_l2 vs CPU %.2e  get_tensor %s  %s\n", ggml_type_name(type), k, n, m,
-                       rel, back == w ? "same bytes" : "DIFFERENT BYTES", ok ? "ok" : "FAIL");
+                printf("%-5s k=%5d n=%5d m=%2d %-6s  rel_l2 vs CPU %.2e  get_tensor %s  %s\n", ggml_type_name(type), k, n, m,
+                       pieces ? "pieces" : "whole", rel, back == w ? "same bytes" : "DIFFERENT BYTES", ok ? "ok" : "FAIL");
             }
         }
     }
