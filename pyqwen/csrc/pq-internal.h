@@ -177,6 +177,8 @@ void pq_sampler_params(const pq_sampling * s, float uniform, float * params);
 
 /* pq-linear.c: rotated weights and GGML_TYPE_PQ_W4A8 */
 int  pq_check_requires(const struct gguf_context * g);
+/* the file's key marking tensor `name` as stored in the Hadamard basis, or -1 */
+int64_t pq_rotation_key(const struct gguf_context * g, const char * name);
 int  pq_load_rotation(struct pq_model * m, const struct gguf_context * g, const char * name, const struct ggml_tensor * w,
                       bool matmul_weight);
 int  pq_load_codebook(const struct gguf_context * g, const char * name, struct ggml_tensor * w);

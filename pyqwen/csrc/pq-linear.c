@@ -43,12 +43,17 @@ int32_t pq_rotation(const struct pq_model * m, const struct ggml_tensor * w) {
     return 0;
 }
 
-int pq_load_rotation(struct pq_model * m, const struct gguf_context * g, const char * name, const struct ggml_tensor * w,
-                     bool matmul_weight) {
+int64_t pq_rotation_key(const struct gguf_context * g, const char * name) {
     char key[160];
     snprintf(key, sizeof(key), "pyqwen.hadamard.%s", name);
-    const int64_t id = gguf_find_key(g, key);
+    return gguf_find_key(g, key);
+}
+
+int pq_load_rotation(struct pq_model * m, const struct gguf_context * g, const char * name, const struct ggml_tensor * w,
+                     bool matmul_weight) {
+    const int64_t id = pq_rotation_key(g, name);
     if (id < 0) return 0;
+    const char * key = gguf_get_key(g, id);
     const enum gguf_type kt = gguf_get_kv_type(g, id);
     const int64_t n = kt == GGUF_TYPE_UINT32 ? (int64_t) gguf_get_val_u32(g, id) : -1;
     if (n < 4 || (n & (n - 1)) != 0 || (n & 0x55555555) == 0 || w->ne[0] % n != 0) {

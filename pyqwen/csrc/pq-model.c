@@ -256,10 +256,8 @@ static void stack_rows(struct pq_model * m, const struct gguf_context * g, struc
         r[i] = find_req(reqs, n_req, parts[i]);
         if (!r[i] || !r[i]->src) return;
         const struct ggml_tensor * a = r[i]->src, * b = r[0]->src;
-        char key[160];
-        snprintf(key, sizeof(key), "pyqwen.hadamard.%s", r[i]->name);
         if (a->type != b->type || a->type >= GGML_TYPE_COUNT || a->ne[0] != b->ne[0] || r[i]->gpu != r[0]->gpu ||
-            gguf_find_key(g, key) >= 0) {
+            pq_rotation_key(g, r[i]->name) >= 0) {
             return;
         }
         rows += a->ne[1];
