@@ -1,28 +1,15 @@
 // CPU kernel of GGML_OP_PYQWEN_DELTANET_PREP. The work is split in heads: k head h takes the
 // channels of q head h and k head h, v head h its v channels, g[h] and beta[h]; every channel, and so
 // every row of conv_state, belongs to exactly one head, which keeps the in-place state update free of
-// races between threads. The arithmetic is the unfused graph's: ssm_conv's sum order, ggml's SiLU,
-// softplus and sigmoid, and the norm's sum of squares in double as in ggml's rms_norm.
+// races between threads. The per-element steps are pyqwen-deltanet-step.h's; the norm's sum of
+// squares is in double, as in ggml's CPU rms_norm.
 #include "pyqwen-deltanet-cpu.h"
 
 #include "ggml-cpu-impl.h"
 #include "ggml-impl.h"
+#include "pyqwen-deltanet-step.h"
 
 #include <math.h>
-
-// conv over [state | x] for one channel, then SiLU; shifts x into the state.
-static float pqd_conv_silu(float * state, const float * w, int k1, float x) {
-    float sum = 0.0f;
-    for (int j = 0; j < k1; ++j) {
-        sum += state[j] * w[j];
-    }
-    sum += x * w[k1];
-    for (int j = 0; j + 1 < k1; ++j) {
-        state[j] = state[j + 1];
-    }
-    state[k1 - 1] = x;
-    return sum / (1.0f + expf(-sum));
-}
 
 static void pqd_conv_head(float * out, const float * qkv, float * state, const float * w, int64_t ch0, int64_t n, int k1) {
     for (int64_t i = 0; i < n; ++i) {
@@ -67,9 +54,8 @@ void ggml_compute_forward_pyqwen_deltanet_prep(const struct ggml_compute_params 
         } else {
             const int64_t v = h - hk;
             pqd_conv_head(out, qkv, state, w, (2 * hk + v) * S, S, k1);
-            const float x = alpha[v] + bias[v];
-            out[channels + v] = ((x > 20.0f) ? x : logf(1.0f + expf(x))) * a[v];
-            out[channels + hv + v] = 1.0f / (1.0f + expf(-beta[v]));
+            out[channels + v] = pqd_decay(alpha[v], bias[v], a[v]);
+            out[channels + hv + v] = pqd_sigmoid(beta[v]);
         }
     }
 }

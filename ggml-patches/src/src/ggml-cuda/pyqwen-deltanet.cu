@@ -1,23 +1,11 @@
 // CUDA kernel of GGML_OP_PYQWEN_DELTANET_PREP: CTA h < n_k_heads takes the q and k channels of k head
 // h and L2-normalizes both (one block reduction); CTA n_k_heads + v takes the channels of v head v and
 // writes g[v] and beta[v]. Thread t takes channels t, t + blockDim.x, ... of its head, so every
-// conv_state row is read and shifted by exactly one thread. The arithmetic follows the CPU kernel
-// (ggml-cpu/pyqwen-deltanet-cpu.c).
+// conv_state row is read and shifted by exactly one thread. The per-element steps are shared with the
+// CPU kernel (pyqwen-deltanet-step.h).
 #include "pyqwen-deltanet.cuh"
 #include "ggml-pyqwen.h"
-
-static __device__ __forceinline__ float pqd_conv_silu(float * state, const float * w, const int k1, const float x) {
-    float sum = 0.0f;
-    for (int j = 0; j < k1; ++j) {
-        sum += state[j]*w[j];
-    }
-    sum += x*w[k1];
-    for (int j = 0; j + 1 < k1; ++j) {
-        state[j] = state[j + 1];
-    }
-    state[k1 - 1] = x;
-    return sum/(1.0f + expf(-sum));
-}
+#include "pyqwen-deltanet-step.h"
 
 static __global__ void pyqwen_deltanet_prep_kernel(
         const float * qkv, const float * beta, const float * alpha, float * state, const float * w,
@@ -31,9 +19,8 @@ static __global__ void pyqwen_deltanet_prep_kernel(
             out[ch] = pqd_conv_silu(state + ch*k1, w + ch*(k1 + 1), k1, qkv[ch]);
         }
         if (t == 0) {
-            const float x = alpha[v] + bias[v];
-            out[channels + v]      = (x > 20.0f ? x : logf(1.0f + expf(x)))*a[v];
-            out[channels + hv + v] = 1.0f/(1.0f + expf(-beta[v]));
+            out[channels + v]      = pqd_decay(alpha[v], bias[v], a[v]);
+            out[channels + hv + v] = pqd_sigmoid(beta[v]);
         }
         return;
     }
