@@ -156,6 +156,12 @@ static bool gemv_il_used_once(const ggml_cgraph * cgraph, const int j) {
     return ggml_node_get_use_count(cgraph, j) == 1 && !(cgraph->nodes[j]->flags & GGML_TENSOR_FLAG_OUTPUT);
 }
 
+// A product the fused path takes: by an interleaved weight, into f32 rows, over m <= 24 token rows.
+static bool gemv_il_takes(const ggml_tensor * mm, const int64_t m) {
+    return mm->op == GGML_OP_MUL_MAT && ggml_cuda_gemv_il_owns(mm->src[0]) && mm->type == GGML_TYPE_F32 &&
+           mm->nb[0] == sizeof(float) && m <= GEMV_IL_MAX_TOKENS*GEMV_IL_MAX_GROUPS;
+}
+
 // A row-vector norm weight of n floats.
 static bool gemv_il_is_norm_weight(const ggml_tensor * w, const int64_t n) {
     return w->type == GGML_TYPE_F32 && ggml_is_contiguous(w) && w->ne[0] == n && ggml_nrows(w) == 1;
@@ -171,9 +177,8 @@ static bool gemv_il_is_norm_weight(const ggml_tensor * w, const int64_t n) {
 int ggml_cuda_gemv_il_try_fuse(ggml_backend_cuda_context & ctx, const ggml_cgraph * cgraph, const int i) {
     const ggml_tensor * node = cgraph->nodes[i];
     const auto fits = [](const ggml_tensor * mm, const ggml_tensor * x, const int64_t x_cols) {
-        return mm->op == GGML_OP_MUL_MAT && ggml_cuda_gemv_il_owns(mm->src[0]) && mm->type == GGML_TYPE_F32 &&
-               x->type == GGML_TYPE_F32 && x->nb[0] == sizeof(float) && x->ne[0] == x_cols && x->ne[2] == 1 && x->ne[3] == 1 &&
-               mm->src[1]->ne[1] <= GEMV_IL_MAX_TOKENS*GEMV_IL_MAX_GROUPS && mm->nb[0] == sizeof(float);
+        return gemv_il_takes(mm, mm->src[1]->ne[1]) &&
+               x->type == GGML_TYPE_F32 && x->nb[0] == sizeof(float) && x->ne[0] == x_cols && x->ne[2] == 1 && x->ne[3] == 1;
     };
     if (node->op == GGML_OP_RMS_NORM && ggml_can_fuse_subgraph(cgraph, i, { GGML_OP_RMS_NORM, GGML_OP_MUL, GGML_OP_MUL_MAT }, { i + 2 })) {
         const ggml_tensor * mul = cgraph->nodes[i + 1], * mm = cgraph->nodes[i + 2], * x = node->src[0];
@@ -206,13 +211,12 @@ int ggml_cuda_gemv_il_try_fuse(ggml_backend_cuda_context & ctx, const ggml_cgrap
             if ((mul->src[0] == node || mul->src[1] == node) && ggml_are_same_shape(mul, x) &&
                 silu->op == GGML_OP_UNARY && ggml_get_unary_op(silu) == GGML_UNARY_OP_SILU && gated->op == GGML_OP_MUL &&
                 ((gated->src[0] == mul && gated->src[1] == silu) || (gated->src[0] == silu && gated->src[1] == mul)) &&
-                only_mm && mm->src[1] == in && ggml_is_contiguous(in) && mm->op == GGML_OP_MUL_MAT && ggml_cuda_gemv_il_owns(mm->src[0]) &&
-                mm->type == GGML_TYPE_F32 && mm->nb[0] == sizeof(float) &&
+                only_mm && mm->src[1] == in && ggml_is_contiguous(in) && gemv_il_takes(mm, x->ne[2]) &&
                 gemv_il_used_once(cgraph, i) && gemv_il_used_once(cgraph, i + 1) && gemv_il_used_once(cgraph, i_silu) &&
                 x->type == GGML_TYPE_F32 && z->type == GGML_TYPE_F32 && ggml_are_same_shape(x, z) && ggml_are_same_shape(x, gated) &&
                 x->ne[3] == 1 && x->nb[0] == sizeof(float) && x->nb[1] == x->ne[0]*sizeof(float) &&
                 z->nb[0] == sizeof(float) && z->nb[1] == z->ne[0]*sizeof(float) &&
-                x->ne[0]*x->ne[1] == mm->src[0]->ne[0] && x->ne[2] <= GEMV_IL_MAX_TOKENS*GEMV_IL_MAX_GROUPS &&
+                x->ne[0]*x->ne[1] == mm->src[0]->ne[0] &&
                 gemv_il_is_norm_weight(w, x->ne[0])) {
                 gemv_il_prologue_args p;
                 p.w = (const float *) w->data;
