@@ -18,10 +18,14 @@ from tiny_models import make_tiny_qwen35
 
 PROMPT_LEN = 64
 N_GREEDY = 32
-# On CUDA (PYQWEN_TEST_NGL set) upstream ggml runs f32 matmuls on TF32 tensor cores (10-bit
-# mantissa), which these random models amplify to ~1e-2; the 1e-4 bound is the CPU's.
+# On CUDA (PYQWEN_TEST_NGL set) upstream ggml multiplies f32 weights by 2 or more rows on TF32
+# tensor cores (10-bit mantissa: mmf up to 16 rows, cuBLAS beyond), which these random models
+# amplify to 2e-2..7e-2 (H200: 6.7e-2 on deltanet_1k4v_tied in passes of 7 and 16 rows, 4.5e-2 with
+# its projections unstacked: the GEMM shape alone moves it). One-row passes run f32 kernels
+# throughout and match the CPU (5e-5 there), so they keep a tight bound and exact greedy decoding.
 ON_GPU = bool(os.environ.get("PYQWEN_TEST_NGL"))
-LOGIT_BOUND = 6e-2 if ON_GPU else 1e-4
+LOGIT_BOUND = 1e-1 if ON_GPU else 1e-4
+ONE_ROW_BOUND = 1e-3 if ON_GPU else 1e-4
 exact_greedy = pytest.mark.skipif(ON_GPU, reason="TF32 rounding on CUDA can flip near-tied argmaxes")
 
 CONFIGS = {
@@ -100,9 +104,10 @@ def test_split_prefill(pair):
     ref_greedy = hf_greedy(hf, prompt, N_GREEDY)
     for n_batch in (1, 7, 16):
         with Llama(path, n_ctx=256, n_batch=n_batch, type_k="f32", type_v="f32") as llm:
-            assert rel_err(llm.logits(prompt), ref) <= LOGIT_BOUND
+            err = rel_err(llm.logits(prompt), ref)
+            assert err <= (ONE_ROW_BOUND if n_batch == 1 else LOGIT_BOUND), f"n_batch={n_batch}: {err:.2e}"
             got = [t for t, _ in zip(llm.generate(prompt, temperature=0.0), range(N_GREEDY))]
-        if not ON_GPU:
+        if n_batch == 1 or not ON_GPU:
             assert got == ref_greedy, f"n_batch={n_batch}"
 
 

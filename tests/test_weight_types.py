@@ -23,8 +23,11 @@ from tiny_models import make_tiny_qwen35
 
 T = gguf.GGMLQuantizationType
 # bound on the relative logit error against the twin: activations are rounded to f16 / bf16 / 8 bits
-# (measured on this model: 1.2e-3, 1.9e-2, 5.0e-2, 4.5e-2, 1.0e-1, 8.0e-2)
-BOUNDS = {T.F16: 5e-3, T.BF16: 5e-2, T.Q8_0: 0.15, T.Q4_0: 0.15, T.Q4_K: 0.2, T.Q6_K: 0.15}
+# (measured on this model: 1.2e-3, 1.9e-2, 5.0e-2, 4.5e-2, 1.0e-1, 8.0e-2). On CUDA, ggml also
+# accumulates F16 products in fp16 (cuBLAS COMPUTE_16F beyond 16 rows, half2 sums in mmvf): 7.7e-3
+# in one 40-row pass on the H200, 0 with GGML_CUDA_CUBLAS_COMPUTE_TYPE=f32.
+ON_GPU = bool(os.environ.get("PYQWEN_TEST_NGL"))
+BOUNDS = {T.F16: 1.5e-2 if ON_GPU else 5e-3, T.BF16: 5e-2, T.Q8_0: 0.15, T.Q4_0: 0.15, T.Q4_K: 0.2, T.Q6_K: 0.15}
 
 
 def quantize(w: np.ndarray, qtype: T) -> np.ndarray:
