@@ -291,14 +291,13 @@ static int init_backends(struct pq_model * m, const pq_model_params * p) {
     return 0;
 }
 
-/* PYQWEN_GEMV=interleaved puts the GPU weights in the interleaved buffer type: Q4_0/Q8_0/Q4_K/Q6_K
- * matrices re-laid out once for the skinny GEMV of ggml-patches 0006, with its prologue fusions.
- * Opt-in: its last GPU test run (bench/RESULTS.md, 360380c) failed the quantized-model parity tests,
- * so ggml's layout and kernels stay the default until that is resolved. */
+/* The GPU weights go to the interleaved buffer type: Q4_0/Q8_0/Q4_K/Q6_K matrices re-laid out once for
+ * the skinny GEMV of ggml-patches 0006, with its prologue fusions (other tensors are stored as in
+ * ggml's CUDA buffer). PYQWEN_GEMV=upstream keeps ggml's layout and kernels, for comparisons. */
 static ggml_backend_buffer_type_t gpu_weight_buffer_type(const struct pq_model * m) {
 #ifdef PYQWEN_WITH_CUDA
     const char * gemv = getenv("PYQWEN_GEMV");
-    if (gemv && strcmp(gemv, "interleaved") == 0) return ggml_backend_cuda_gemv_il_buffer_type(0);
+    if (!gemv || strcmp(gemv, "upstream") != 0) return ggml_backend_cuda_gemv_il_buffer_type(0);
 #endif
     return ggml_backend_get_default_buffer_type(m->backend_gpu);
 }
