@@ -7,7 +7,7 @@
 // some starting inside the partial last tile. ggml's CPU backend is printed alongside: its K-quant
 // products round the activations per 256 values (Q8_K), the GPU kernels per 32, so it sits ~1e-2 away
 // on those types whichever GPU kernel runs. Exit code non-zero on any failure.
-// Build (after a CUDA build of vendor/ggml into $G): see bench/gemv/README.md, "The ggml path".
+// Built and run by bench/cuda_ops_check.sh.
 #include "ggml.h"
 #include "ggml-alloc.h"
 #include "ggml-backend.h"

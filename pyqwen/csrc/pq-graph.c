@@ -5,6 +5,9 @@
 #include <math.h>
 
 #define PQ_GRAPH_SIZE 16384
+/* Passes of up to this many tokens (decode, draft verification) take GGML_OP_PYQWEN_DELTANET_PREP, whose
+ * kernels walk the tokens one by one; longer ones take the unfused ops, parallel over tokens. */
+#define PQ_DELTANET_PREP_MAX_TOKENS 8
 
 static struct ggml_tensor * norm(struct ggml_context * c, struct ggml_tensor * x, struct ggml_tensor * w, float eps) {
     return ggml_mul(c, ggml_rms_norm(c, x, eps), w);
@@ -32,12 +35,14 @@ static struct ggml_tensor * deltanet_block(struct pq_ctx * ctx, struct ggml_cont
     const int64_t S = hp->ssm_d_state, HK = hp->ssm_n_k_heads, HV = hp->ssm_n_v_heads;
     const int64_t C = pq_conv_channels(hp), K1 = hp->conv_kernel - 1;
 
+    /* decode and draft-verify passes: one op for the conv step, SiLU, q/k norms, decay and beta */
+    const bool prep = n <= PQ_DELTANET_PREP_MAX_TOKENS;
     struct ggml_tensor * qkv, * z, * beta, * alpha;                              /* [C | HV*S | HV | HV, n] */
     if (L->in_proj) {
         struct ggml_tensor * y = pq_linear(m, c, L->in_proj, h);
         qkv   = rows(c, y, 0, C, false);
         z     = rows(c, y, C, HV * S, true);
-        beta  = rows(c, y, C + HV * S, HV, true);
+        beta  = rows(c, y, C + HV * S, HV, !prep);
         alpha = rows(c, y, C + HV * S + HV, HV, false);
     } else {
         qkv   = pq_linear(m, c, L->wqkv, h);
@@ -48,15 +53,15 @@ static struct ggml_tensor * deltanet_block(struct pq_ctx * ctx, struct ggml_cont
     struct ggml_tensor * conv_state = ctx->conv_state[il];                      /* [K1, C] */
     const size_t es = sizeof(float);
     struct ggml_tensor * q, * k, * v, * gate;
-    if (n == 1) {
-        /* decode: conv step, SiLU, q/k norms, decay and beta in one op that also advances conv_state */
+    if (prep) {
+        /* also advances conv_state; p = [q | k | v] per token, then g [HV, n], then beta [HV, n] */
         struct ggml_tensor * p = ggml_pyqwen_deltanet_prep(c, qkv, beta, alpha, conv_state, L->conv1d, L->dt_bias,
-                                                           L->ssm_a, (int) HK, hp->norm_eps);  /* [q | k | v | g | beta] */
-        q    = ggml_view_4d(c, p, S, HK, 1, 1, S * es, C * es, C * es, 0);
-        k    = ggml_view_4d(c, p, S, HK, 1, 1, S * es, C * es, C * es, S * HK * es);
-        v    = ggml_view_4d(c, p, S, HV, 1, 1, S * es, C * es, C * es, 2 * S * HK * es);
-        gate = ggml_view_1d(c, p, HV, C * es);
-        beta = ggml_view_1d(c, p, HV, (C + HV) * es);
+                                                           L->ssm_a, (int) HK, hp->norm_eps);
+        q    = ggml_view_4d(c, p, S, HK, n, 1, S * es, C * es, C * n * es, 0);
+        k    = ggml_view_4d(c, p, S, HK, n, 1, S * es, C * es, C * n * es, S * HK * es);
+        v    = ggml_view_4d(c, p, S, HV, n, 1, S * es, C * es, C * n * es, 2 * S * HK * es);
+        gate = ggml_view_1d(c, p, HV * n, C * n * es);
+        beta = ggml_view_1d(c, p, HV * n, (C + HV) * n * es);
     } else {
         beta = ggml_sigmoid(c, beta);
         /* decay g = -exp(A_log) * softplus(alpha + dt_bias), kept in log space for the op */

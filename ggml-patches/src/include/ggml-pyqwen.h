@@ -69,17 +69,20 @@ extern "C" {
             struct ggml_tensor  * a,
             int                   n);
 
-    // One decode step of a Gated DeltaNet layer's input side, for ggml_gated_delta_net: the causal
-    // conv1d over [conv_state | qkv] (which also advances conv_state in place), SiLU, the L2 norms of
-    // q and k (x / sqrt(sum(x^2) + eps) per head), the log decay g = softplus(alpha + dt_bias) * a
-    // and beta = sigmoid(beta). One kernel where the unfused graph takes six or more.
-    //   qkv        F32 [(2*n_k_heads + n_v_heads) * S] one token: q heads | k heads | v heads, contiguous
-    //   beta       F32 [n_v_heads]                    the beta projection, before the sigmoid
-    //   alpha      F32 [n_v_heads]                    the decay projection, before the bias
-    //   conv_state F32 [K - 1, channels]              the previous K - 1 inputs per channel; updated
+    // The input side of a Gated DeltaNet layer for n tokens of one sequence (the decode and draft-verify
+    // passes), ready for ggml_gated_delta_net: the causal conv1d over [conv_state | qkv] (which also
+    // advances conv_state in place, token by token), SiLU, the L2 norms of q and k (x / sqrt(sum(x^2) +
+    // eps) per head and token), the log decay g = softplus(alpha + dt_bias) * a and beta = sigmoid(beta).
+    // One kernel where the unfused graph takes six or more. Rows (dim 1) may be strided, e.g. views of
+    // one stacked projection's output.
+    //   qkv        F32 [(2*n_k_heads + n_v_heads) * S, n] q heads | k heads | v heads per token
+    //   beta       F32 [n_v_heads, n]                   the beta projection, before the sigmoid
+    //   alpha      F32 [n_v_heads, n]                   the decay projection, before the bias
+    //   conv_state F32 [K - 1, channels]                the previous K - 1 inputs per channel; updated
     //   conv_w     F32 [K, channels]
-    //   dt_bias, a F32 [n_v_heads]                    a = -exp(A_log)
-    //   result     F32 [channels + 2 * n_v_heads]     q | k | v (after conv, SiLU, norms) | g | beta
+    //   dt_bias, a F32 [n_v_heads]                      a = -exp(A_log)
+    //   result     F32 [(channels + 2 * n_v_heads) * n] q | k | v of every token (channels each, after
+    //                                                   conv, SiLU, norms), then g [n_v_heads, n], then beta
     GGML_API struct ggml_tensor * ggml_pyqwen_deltanet_prep(
             struct ggml_context * ctx,
             struct ggml_tensor  * qkv,

@@ -1,8 +1,8 @@
 // CPU kernel of GGML_OP_PYQWEN_DELTANET_PREP. The work is split in heads: k head h takes the
-// channels of q head h and k head h, v head h its v channels, g[h] and beta[h]; every channel, and so
-// every row of conv_state, belongs to exactly one head, which keeps the in-place state update free of
-// races between threads. The per-element steps are pyqwen-deltanet-step.h's; the norm's sum of
-// squares is in double, as in ggml's CPU rms_norm.
+// channels of q head h and k head h, v head h its v channels, g[h] and beta[h], for every token in
+// order; every channel, and so every row of conv_state, belongs to exactly one head, which keeps the
+// in-place state update free of races between threads. The per-element steps are
+// pyqwen-deltanet-step.h's; the norm's sum of squares is in double, as in ggml's CPU rms_norm.
 #include "pyqwen-deltanet-cpu.h"
 
 #include "ggml-cpu-impl.h"
@@ -30,9 +30,7 @@ static void pqd_l2_norm(float * x, int64_t n, float eps) {
 }
 
 void ggml_compute_forward_pyqwen_deltanet_prep(const struct ggml_compute_params * params, struct ggml_tensor * dst) {
-    const float * qkv   = (const float *) dst->src[0]->data;
-    const float * beta  = (const float *) dst->src[1]->data;
-    const float * alpha = (const float *) dst->src[2]->data;
+    const struct ggml_tensor * src_qkv = dst->src[0], * src_beta = dst->src[1], * src_alpha = dst->src[2];
     float       * state = (float *) dst->src[3]->data;
     const float * w     = (const float *) dst->src[4]->data;
     const float * bias  = (const float *) dst->src[5]->data;
@@ -41,21 +39,28 @@ void ggml_compute_forward_pyqwen_deltanet_prep(const struct ggml_compute_params 
 
     const int     hk = ggml_get_op_params_i32(dst, 0);
     const float   eps = ggml_get_op_params_f32(dst, 1);
-    const int64_t channels = dst->src[0]->ne[0], hv = dst->src[5]->ne[0];
+    const int64_t channels = src_qkv->ne[0], n = src_qkv->ne[1], hv = dst->src[5]->ne[0];
     const int64_t S = channels / (2 * hk + hv);
     const int     k1 = (int) dst->src[3]->ne[0];
+    float * g = out + channels * n, * beta = g + hv * n;
 
     for (int64_t h = params->ith; h < hk + hv; h += params->nth) {
-        if (h < hk) {
-            pqd_conv_head(out, qkv, state, w, h * S, S, k1);
-            pqd_conv_head(out, qkv, state, w, (hk + h) * S, S, k1);
-            pqd_l2_norm(out + h * S, S, eps);
-            pqd_l2_norm(out + (hk + h) * S, S, eps);
-        } else {
-            const int64_t v = h - hk;
-            pqd_conv_head(out, qkv, state, w, (2 * hk + v) * S, S, k1);
-            out[channels + v] = pqd_decay(alpha[v], bias[v], a[v]);
-            out[channels + hv + v] = pqd_sigmoid(beta[v]);
+        for (int64_t t = 0; t < n; ++t) {
+            const float * qkv = (const float *) ((const char *) src_qkv->data + t * src_qkv->nb[1]);
+            float * o = out + t * channels;
+            if (h < hk) {
+                pqd_conv_head(o, qkv, state, w, h * S, S, k1);
+                pqd_conv_head(o, qkv, state, w, (hk + h) * S, S, k1);
+                pqd_l2_norm(o + h * S, S, eps);
+                pqd_l2_norm(o + (hk + h) * S, S, eps);
+            } else {
+                const int64_t v = h - hk;
+                const float alpha_v = *(const float *) ((const char *) src_alpha->data + t * src_alpha->nb[1] + v * sizeof(float));
+                const float beta_v  = *(const float *) ((const char *) src_beta->data  + t * src_beta->nb[1]  + v * sizeof(float));
+                pqd_conv_head(o, qkv, state, w, (2 * hk + v) * S, S, k1);
+                g[t * hv + v]    = pqd_decay(alpha_v, bias[v], a[v]);
+                beta[t * hv + v] = pqd_sigmoid(beta_v);
+            }
         }
     }
 }
