@@ -13,6 +13,7 @@
 #include "ggml-cuda.h"
 
 #include <algorithm>
+#include <atomic>
 #include <mutex>
 #include <vector>
 
@@ -60,13 +61,22 @@ static gemv_il_kernel_t gemv_il_kernel(const int type) {
     return gemv_il_dispatch(type, [](auto t) -> gemv_il_kernel_t { return gemv_il_mul_mat<decltype(t)::value, 1>; });
 }
 
+// CTAs per SM of the GEMV at each warp count: a property of the kernel and the device, asked of the
+// CUDA runtime once per process (threads that race here store the same value).
+static int gemv_il_ctas_per_sm(const int device, const int type, const int nwarps) {
+    static std::atomic<int> cache[GGML_CUDA_MAX_DEVICES][GEMV_IL_Q6_K + 1][GEMV_IL_MAX_WARPS + 1]; // 0: not asked yet
+    std::atomic<int> & cached = cache[device][type][nwarps];
+    int c = cached.load(std::memory_order_relaxed);
+    if (c == 0) {
+        CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&c, gemv_il_kernel(type), nwarps*WARP_SIZE, 0));
+        cached.store(c, std::memory_order_relaxed);
+    }
+    return c;
+}
+
 static int gemv_il_nwarps(const int device, const int type, const int64_t n, const int64_t k) {
     const int nsm = ggml_cuda_info().devices[device].nsm;
-    return gemv_il_pick_nwarps(n, k, nsm, [type](int nw) {
-        int c = 0;
-        CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&c, gemv_il_kernel(type), nw*WARP_SIZE, 0));
-        return c;
-    });
+    return gemv_il_pick_nwarps(n, k, nsm, [device, type](int nw) { return gemv_il_ctas_per_sm(device, type, nw); });
 }
 
 static decltype(&gemv_il_quantize<GEMV_IL_PLAIN>) gemv_il_quantize_kernel(const gemv_il_prologue prologue) {
