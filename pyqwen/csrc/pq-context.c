@@ -24,6 +24,7 @@ static int alloc_state(struct pq_ctx * ctx) {
     struct ggml_init_params ip = { .mem_size = (size_t) (4 * hp->n_layer + 1) * ggml_tensor_overhead(), .mem_buffer = NULL, .no_alloc = true };
     ctx->ctx_state_cpu = ggml_init(ip);
     if (m->backend_gpu) ctx->ctx_state_gpu = ggml_init(ip);
+    bool attention_on_gpu = false;
     for (int il = 0; il < hp->n_layer; ++il) {
         struct ggml_context * c = m->layers[il].on_gpu ? ctx->ctx_state_gpu : ctx->ctx_state_cpu;
         if (pq_is_recurrent(hp, il)) {
@@ -33,8 +34,10 @@ static int alloc_state(struct pq_ctx * ctx) {
             const int64_t row = (int64_t) hp->head_dim * hp->n_head_kv;
             ctx->k_cache[il] = ggml_new_tensor_2d(c, (enum ggml_type) ctx->params.type_k, row, n_cells);
             ctx->v_cache[il] = ggml_new_tensor_2d(c, (enum ggml_type) ctx->params.type_v, row, n_cells);
+            attention_on_gpu = attention_on_gpu || m->layers[il].on_gpu;
         }
     }
+    ctx->kv_seen = ggml_new_tensor_1d(attention_on_gpu ? ctx->ctx_state_gpu : ctx->ctx_state_cpu, GGML_TYPE_F16, n_cells);
     ctx->buf_state_cpu = ggml_backend_alloc_ctx_tensors_from_buft(ctx->ctx_state_cpu, ggml_backend_get_default_buffer_type(m->backend_cpu));
     if (ggml_get_first_tensor(ctx->ctx_state_cpu) && !ctx->buf_state_cpu) return pq_fail("out of host memory for the KV cache and states");
     if (ctx->ctx_state_gpu && ggml_get_first_tensor(ctx->ctx_state_gpu)) {
@@ -49,6 +52,10 @@ void pq_ctx_reset(pq_ctx * ctx) {
      * reset context is bit-identical to a new one. */
     if (ctx->buf_state_cpu) ggml_backend_buffer_clear(ctx->buf_state_cpu, 0);
     if (ctx->buf_state_gpu) ggml_backend_buffer_clear(ctx->buf_state_gpu, 0);
+    const ggml_fp16_t ninf = ggml_fp32_to_fp16(-INFINITY);
+    const int64_t n_cells = ggml_nelements(ctx->kv_seen);
+    for (int64_t j = 0; j < n_cells; ++j) ctx->mask_buf[j] = ninf;  /* no cell seen yet */
+    ggml_backend_tensor_set(ctx->kv_seen, ctx->mask_buf, 0, ggml_nbytes(ctx->kv_seen));
     ctx->n_past = 0;
 }
 
@@ -154,10 +161,13 @@ static int run_pass(struct pq_ctx * ctx, const int32_t * tokens, int32_t n, int3
     const int32_t n_kv = kv_span(n_past + n);
     struct pq_graph * g = get_graph(ctx, n, n_kv, out_mode);
     if (!g) return -1;
+    /* the cells this pass writes become visible in kv_seen (0 is fp16 zero's bit pattern) */
+    ggml_backend_tensor_memset(ctx->kv_seen, 0, sizeof(ggml_fp16_t) * (size_t) n_past, sizeof(ggml_fp16_t) * (size_t) n);
     const ggml_fp16_t zero = ggml_fp32_to_fp16(0.0f), ninf = ggml_fp32_to_fp16(-INFINITY);
     for (int32_t i = 0; i < n; ++i) {
         ctx->pos_buf[i] = n_past + i;
         ctx->idx_buf[i] = n_past + i;
+        if (!g->inp_mask) continue;
         /* causal: row i sees cells 0 ..= n_past + i */
         uint16_t * row = ctx->mask_buf + (size_t) i * n_kv;
         const int32_t seen = n_past + i + 1;
@@ -167,7 +177,7 @@ static int run_pass(struct pq_ctx * ctx, const int32_t * tokens, int32_t n, int3
     ggml_backend_tensor_set(g->inp_tokens, tokens, 0, sizeof(int32_t) * n);
     ggml_backend_tensor_set(g->inp_pos, ctx->pos_buf, 0, sizeof(int32_t) * n);
     ggml_backend_tensor_set(g->inp_kv_idx, ctx->idx_buf, 0, sizeof(int64_t) * n);
-    ggml_backend_tensor_set(g->inp_mask, ctx->mask_buf, 0, sizeof(uint16_t) * (size_t) n * n_kv);
+    if (g->inp_mask) ggml_backend_tensor_set(g->inp_mask, ctx->mask_buf, 0, sizeof(uint16_t) * (size_t) n * n_kv);
     if (g->out_mode == PQ_OUT_SAMPLE) {
         ggml_backend_tensor_set(g->inp_sampler, ctx->sampler_buf, 0, sizeof(ctx->sampler_buf));
         ggml_backend_tensor_set(g->inp_history, ctx->history_buf, 0, sizeof(ctx->history_buf));

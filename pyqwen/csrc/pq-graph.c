@@ -133,7 +133,7 @@ static struct ggml_tensor * attention_block(struct pq_ctx * ctx, struct pq_graph
     struct ggml_tensor * K = ggml_view_3d(c, kc, D, g->n_kv, NKV, kc->nb[1], ggml_row_size(kc->type, D), 0);
     struct ggml_tensor * V = ggml_view_3d(c, vc, D, g->n_kv, NKV, vc->nb[1], ggml_row_size(vc->type, D), 0);
 
-    struct ggml_tensor * a = ggml_flash_attn_ext(c, ggml_permute(c, q, 0, 2, 1, 3), K, V, g->inp_mask,
+    struct ggml_tensor * a = ggml_flash_attn_ext(c, ggml_permute(c, q, 0, 2, 1, 3), K, V, g->mask,
                                                  1.0f / sqrtf((float) D), 0.0f, 0.0f);  /* [D, NH, n] */
     a = ggml_mul(c, ggml_reshape_2d(c, a, D * NH, n), ggml_sigmoid(c, gate));
     return pq_linear(m, c, L->wo, a);
@@ -164,11 +164,13 @@ struct ggml_cgraph * pq_build_graph(struct pq_ctx * ctx, struct pq_graph * g) {
     g->inp_tokens = ggml_new_tensor_1d(c, GGML_TYPE_I32, n);
     g->inp_pos    = ggml_new_tensor_1d(c, GGML_TYPE_I32, n);
     g->inp_kv_idx = ggml_new_tensor_1d(c, GGML_TYPE_I64, n);
-    g->inp_mask   = ggml_new_tensor_2d(c, GGML_TYPE_F16, g->n_kv, n);
+    /* one token sees every cell written so far: the context's kv_seen row; more see a causal mask */
+    g->inp_mask   = n > 1 ? ggml_new_tensor_2d(c, GGML_TYPE_F16, g->n_kv, n) : NULL;
+    g->mask       = g->inp_mask ? g->inp_mask : ggml_view_1d(c, ctx->kv_seen, g->n_kv, 0);
     ggml_set_input(g->inp_tokens);
     ggml_set_input(g->inp_pos);
     ggml_set_input(g->inp_kv_idx);
-    ggml_set_input(g->inp_mask);
+    if (g->inp_mask) ggml_set_input(g->inp_mask);
 
     struct ggml_tensor * x = ggml_get_rows(c, m->tok_embd, g->inp_tokens);      /* [E, n] */
     for (int il = 0; il < hp->n_layer; ++il) {

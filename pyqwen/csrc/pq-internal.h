@@ -125,7 +125,8 @@ struct pq_graph {
     struct ggml_tensor  * inp_tokens;   /* I32 [n_tokens] */
     struct ggml_tensor  * inp_pos;      /* I32 [n_tokens] */
     struct ggml_tensor  * inp_kv_idx;   /* I64 [n_tokens], cache cells written */
-    struct ggml_tensor  * inp_mask;     /* F16 [n_kv, n_tokens] */
+    struct ggml_tensor  * inp_mask;     /* F16 [n_kv, n_tokens]; NULL for one token */
+    struct ggml_tensor  * mask;         /* what attention uses: inp_mask, or a view of pq_ctx.kv_seen */
     struct ggml_tensor  * inp_sampler;  /* F32 [GGML_PYQWEN_SAMPLE_N_PARAMS], PQ_OUT_SAMPLE only */
     struct ggml_tensor  * inp_history;  /* I32 [PQ_HISTORY], -1 = empty, PQ_OUT_SAMPLE only */
     struct ggml_tensor  * out;          /* logits or argmax */
@@ -141,6 +142,9 @@ struct pq_ctx {
     struct ggml_tensor * v_cache[PQ_MAX_LAYERS];
     struct ggml_tensor * conv_state[PQ_MAX_LAYERS];
     struct ggml_tensor * ssm_state[PQ_MAX_LAYERS];
+    /* F16 [cells]: 0 for the cells written so far, -inf beyond: the mask of one-token passes, kept
+     * with the cache so that a decode step changes one cell instead of uploading a whole row */
+    struct ggml_tensor * kv_seen;
     struct ggml_context * ctx_state_cpu;
     struct ggml_context * ctx_state_gpu;
     ggml_backend_buffer_t buf_state_cpu;
