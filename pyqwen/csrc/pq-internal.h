@@ -171,10 +171,11 @@ struct ggml_cgraph * pq_build_graph(struct pq_ctx * ctx, struct pq_graph * g);
 
 /* A context for a few tensors and a one-node graph (no data), and the runner that computes `out`
  * on a fresh CPU backend with n_threads, from inputs in[i] set to data[i] (ggml_nbytes each), into
- * result (ggml_nbytes(out)). */
+ * result (ggml_nbytes(out)); inputs the op updates in place are read back into back[i] where
+ * back (may be NULL) has a non-NULL entry. */
 struct ggml_context * pq_small_ctx(void);
 int pq_run_on_cpu(struct ggml_context * ctx, struct ggml_tensor * out, struct ggml_tensor ** in, const void ** data,
-                  int n_in, int n_threads, void * result);
+                  int n_in, int n_threads, void * result, void * const * back);
 
 /* The sample op's parameter row (GGML_PYQWEN_SAMPLE_N_PARAMS floats) for these settings. */
 void pq_sampler_params(const pq_sampling * s, float uniform, float * params);

@@ -128,7 +128,7 @@ int pq_hadamard(const float * x, int64_t n_per_row, int64_t n_rows, int32_t n, f
     if (!ctx) return pq_fail("out of memory");
     struct ggml_tensor * a = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, n_per_row, n_rows);
     const void * data[1] = { x };
-    const int rc = pq_run_on_cpu(ctx, ggml_pyqwen_hadamard(ctx, a, n), &a, data, 1, THREADS, out);
+    const int rc = pq_run_on_cpu(ctx, ggml_pyqwen_hadamard(ctx, a, n), &a, data, 1, THREADS, out, NULL);
     ggml_free(ctx);
     return rc;
 }
@@ -145,7 +145,35 @@ int pq_mul_mat(int32_t type, const void * w, int64_t n_rows, int64_t n_per_row, 
                                    ggml_new_tensor_2d(ctx, GGML_TYPE_F32, n_per_row, n_cols) };
     struct ggml_tensor * xr = hadamard ? ggml_pyqwen_hadamard(ctx, in[1], hadamard) : in[1];
     const void * data[2] = { w, x };
-    const int rc = pq_run_on_cpu(ctx, ggml_mul_mat(ctx, in[0], xr), in, data, 2, THREADS, out);
+    const int rc = pq_run_on_cpu(ctx, ggml_mul_mat(ctx, in[0], xr), in, data, 2, THREADS, out, NULL);
+    ggml_free(ctx);
+    return rc;
+}
+
+int pq_deltanet_prep(const float * y, int64_t width, int64_t n_tokens, int64_t beta_col, int64_t alpha_col,
+                     float * conv_state, const float * conv_w, int32_t conv_kernel, const float * dt_bias, const float * a,
+                     int32_t n_k_heads, int32_t n_v_heads, int32_t head_dim, float eps, float * out) {
+    const int64_t C = (int64_t) (2 * n_k_heads + n_v_heads) * head_dim;
+    if (n_k_heads <= 0 || n_v_heads <= 0 || head_dim <= 0 || n_tokens <= 0 || conv_kernel < 2 || width < C ||
+        beta_col < C || alpha_col < C || beta_col + n_v_heads > width || alpha_col + n_v_heads > width) {
+        return pq_fail("deltanet_prep: bad shape (heads %d/%d of %d, width %lld, beta at %lld, alpha at %lld)",
+                       n_k_heads, n_v_heads, head_dim, (long long) width, (long long) beta_col, (long long) alpha_col);
+    }
+    struct ggml_context * ctx = pq_small_ctx();
+    if (!ctx) return pq_fail("out of memory");
+    struct ggml_tensor * in[5] = { ggml_new_tensor_2d(ctx, GGML_TYPE_F32, width, n_tokens),
+                                   ggml_new_tensor_2d(ctx, GGML_TYPE_F32, conv_kernel - 1, C),
+                                   ggml_new_tensor_2d(ctx, GGML_TYPE_F32, conv_kernel, C),
+                                   ggml_new_tensor_1d(ctx, GGML_TYPE_F32, n_v_heads),
+                                   ggml_new_tensor_1d(ctx, GGML_TYPE_F32, n_v_heads) };
+    /* qkv, beta and alpha are views of each token's row, as of the stacked input projection's output */
+    const size_t row = in[0]->nb[1], es = sizeof(float);
+    struct ggml_tensor * prep = ggml_pyqwen_deltanet_prep(ctx, ggml_view_2d(ctx, in[0], C, n_tokens, row, 0),
+        ggml_view_2d(ctx, in[0], n_v_heads, n_tokens, row, (size_t) beta_col * es),
+        ggml_view_2d(ctx, in[0], n_v_heads, n_tokens, row, (size_t) alpha_col * es), in[1], in[2], in[3], in[4], n_k_heads, eps);
+    const void * data[5] = { y, conv_state, conv_w, dt_bias, a };
+    void * const back[5] = { NULL, conv_state, NULL, NULL, NULL };
+    const int rc = pq_run_on_cpu(ctx, prep, in, data, 5, THREADS, out, back);
     ggml_free(ctx);
     return rc;
 }

@@ -25,7 +25,7 @@ struct ggml_context * pq_small_ctx(void) {
 }
 
 int pq_run_on_cpu(struct ggml_context * ctx, struct ggml_tensor * out, struct ggml_tensor ** in, const void ** data,
-                  int n_in, int n_threads, void * result) {
+                  int n_in, int n_threads, void * result, void * const * back) {
     struct ggml_cgraph * gf = ggml_new_graph_custom(ctx, 16, false);
     ggml_build_forward_expand(gf, out);
     int rc = -1;
@@ -38,6 +38,9 @@ int pq_run_on_cpu(struct ggml_context * ctx, struct ggml_tensor * out, struct gg
     for (int i = 0; i < n_in; ++i) ggml_backend_tensor_set(in[i], data[i], 0, ggml_nbytes(in[i]));
     if (ggml_backend_graph_compute(cpu, gf) != GGML_STATUS_SUCCESS) { pq_fail("the CPU backend failed to compute %s", ggml_op_desc(out)); goto done; }
     ggml_backend_tensor_get(out, result, 0, ggml_nbytes(out));
+    for (int i = 0; back && i < n_in; ++i) {
+        if (back[i]) ggml_backend_tensor_get(in[i], back[i], 0, ggml_nbytes(in[i]));
+    }
     rc = 0;
 done:
     if (buf) ggml_backend_buffer_free(buf);
@@ -70,7 +73,7 @@ int pq_sample_logits(const float * logits, int32_t n_vocab, const pq_sampling * 
     const void * data[3] = { logits, params, window > 0 ? (const void *) (history + (n_history - window)) : &empty_slot };
     int32_t token = -1;
     /* one row: the op would use one thread anyway */
-    int rc = pq_run_on_cpu(ctx, ggml_pyqwen_sample(ctx, in[0], in[1], in[2]), in, data, 3, 1, &token);
+    int rc = pq_run_on_cpu(ctx, ggml_pyqwen_sample(ctx, in[0], in[1], in[2]), in, data, 3, 1, &token, NULL);
     ggml_free(ctx);
     if (rc == 0 && token < 0) rc = pq_fail("cannot sample: every logit is NaN");
     if (rc == 0) *out_token = token;

@@ -127,6 +127,13 @@ PQ_API int pq_w4a8_set_codebook(void * blocks, int64_t n_blocks, const float * c
 PQ_API int pq_hadamard(const float * x, int64_t n_per_row, int64_t n_rows, int32_t n, float * out);
 PQ_API int pq_mul_mat(int32_t type, const void * w, int64_t n_rows, int64_t n_per_row, const float * x, int64_t n_cols,
                       int32_t hadamard, float * out);
+/* The DeltaNet input step (GGML_OP_PYQWEN_DELTANET_PREP) for n_tokens tokens: token t's row of y
+ * (width floats) holds q|k|v at column 0 and the beta and alpha projections at beta_col and alpha_col;
+ * conv_state (channels x (conv_kernel - 1)) is advanced in place; out gets each token's q|k|v after
+ * conv, SiLU and norms, then g (n_v_heads x n_tokens), then beta. */
+PQ_API int pq_deltanet_prep(const float * y, int64_t width, int64_t n_tokens, int64_t beta_col, int64_t alpha_col,
+                            float * conv_state, const float * conv_w, int32_t conv_kernel, const float * dt_bias,
+                            const float * a, int32_t n_k_heads, int32_t n_v_heads, int32_t head_dim, float eps, float * out);
 /* PYQWEN_CDEF_END */
 
 #ifdef __cplusplus
