@@ -1,4 +1,3 @@
-import os
 import sys
 from pathlib import Path
 
@@ -20,17 +19,16 @@ def tiny_gguf(tmp_path_factory) -> Path:
 
 
 def pytest_configure(config):
-    """PYQWEN_TEST_NGL=N runs every model in the suite with N layers on the GPU (-1: all),
-    so the same tests check a CUDA build; unset, everything runs on the CPU."""
-    ngl = os.environ.get("PYQWEN_TEST_NGL")
-    if not ngl:
+    """Llama's default n_gpu_layers becomes device.TEST_NGL when the suite runs on a GPU."""
+    from device import ON_GPU, TEST_NGL
+    if not ON_GPU:
         return
     import pyqwen
 
     init = pyqwen.Llama.__init__
 
     def gpu_init(self, model_path, **kwargs):
-        kwargs.setdefault("n_gpu_layers", int(ngl))
+        kwargs.setdefault("n_gpu_layers", TEST_NGL)
         init(self, model_path, **kwargs)
         assert self.info.n_gpu_layers > 0, "PYQWEN_TEST_NGL is set but nothing was offloaded (CPU-only build?)"
 

@@ -14,7 +14,6 @@ logits on the converted files match transformers on the dequantized weights.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 
 import gguf
@@ -27,13 +26,14 @@ from pyqwen import Llama
 from pyqwen._cffi import ffi, lib
 from pyqwen.convert import ConversionError, convert
 from pyqwen.convert.__main__ import main as convert_main
+from device import ON_GPU
 from tiny_models import make_tiny_qwen35
 from upstream import upstream_llama  # noqa: F401  (the session fixture)
 
 PQ_W4A8 = 100
 # with PYQWEN_TEST_NGL set the models run on CUDA, whose TF32 matmuls cost f32 parity about 1e-2
 # (test_parity); pq_w4a8 weights and the rotation stay on the CPU there
-F32_BOUND = 6e-2 if os.environ.get("PYQWEN_TEST_NGL") else 1e-4
+F32_BOUND = 6e-2 if ON_GPU else 1e-4
 BLOCK = np.dtype([("d", "<f4"), ("cb", "<u4"), ("sr", "u1", (16,)), ("qs", "u1", (128,))])
 Q8_0 = np.dtype([("d", "<f2"), ("qs", "i1", (32,))])
 T = gguf.GGMLQuantizationType

@@ -16,7 +16,6 @@ converter's tables that pyqwen.synth reuses.
 from __future__ import annotations
 
 import hashlib
-import os
 import sys
 
 import gguf
@@ -27,6 +26,7 @@ from pyqwen import Llama
 from pyqwen._native import NativeContext, NativeModel
 from pyqwen.gguf_header import read_header
 from pyqwen.synth import SHAPES, TYPES, main, plan, random_codes
+from device import TEST_NGL
 
 V = 248320
 
@@ -238,10 +238,9 @@ def test_runs_in_pyqwen(files):
         _check_logits(llm.logits(prompt))
         assert llm.n_vocab() == V and llm.chat_template
         assert llm.tokenize("Hello world") == [9419, 1814]
-    ngl = int(os.environ.get("PYQWEN_TEST_NGL") or 0)  # as conftest does for Llama
     for wtype in TYPES:
         path, cfg, mtp = files[wtype]
-        model = NativeModel(str(path), n_gpu_layers=ngl, n_threads=2, verbose=False)
+        model = NativeModel(str(path), n_gpu_layers=TEST_NGL, n_threads=2, verbose=False)
         try:
             ctx = NativeContext(model, n_ctx=64, n_batch=64, type_k="f16", type_v="f16")
             try:

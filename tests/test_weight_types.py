@@ -9,7 +9,6 @@ misread block layout produces.
 """
 from __future__ import annotations
 
-import os
 
 import numpy as np
 import pytest
@@ -19,6 +18,7 @@ from pyqwen import Llama
 from pyqwen._cffi import ffi, lib
 from pyqwen._native import NativeContext, NativeModel
 from pyqwen.convert.__main__ import main as convert_main
+from device import ON_GPU, TEST_NGL
 from tiny_models import make_tiny_qwen35
 
 T = gguf.GGMLQuantizationType
@@ -26,7 +26,6 @@ T = gguf.GGMLQuantizationType
 # (measured on this model: 1.2e-3, 1.9e-2, 5.0e-2, 4.5e-2, 1.0e-1, 8.0e-2). On CUDA, ggml also
 # accumulates F16 products in fp16 (cuBLAS COMPUTE_16F beyond 16 rows, half2 sums in mmvf): 7.7e-3
 # in one 40-row pass on the H200, 0 with GGML_CUDA_CUBLAS_COMPUTE_TYPE=f32.
-ON_GPU = bool(os.environ.get("PYQWEN_TEST_NGL"))
 BOUNDS = {T.F16: 1.5e-2 if ON_GPU else 5e-3, T.BF16: 5e-2, T.Q8_0: 0.15, T.Q4_0: 0.15, T.Q4_K: 0.2, T.Q6_K: 0.15}
 
 
@@ -68,7 +67,7 @@ def logits_in_passes(path, prompt: list[int], sizes: list[int]) -> np.ndarray:
     """Logits of every prompt position, fed in passes of the given sizes. On a GPU, passes of up to
     24 rows run the skinny GEMV (8 rows per launch) and longer ones the prefill path."""
     assert sum(sizes) == len(prompt)
-    model = NativeModel(str(path), n_gpu_layers=int(os.environ.get("PYQWEN_TEST_NGL") or 0), n_threads=2, verbose=False)
+    model = NativeModel(str(path), n_gpu_layers=TEST_NGL, n_threads=2, verbose=False)
     try:
         ctx = NativeContext(model, n_ctx=128, n_batch=64, type_k="f32", type_v="f32")
         try:
