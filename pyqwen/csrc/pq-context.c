@@ -17,6 +17,13 @@ static int32_t kv_span(int32_t n_end) {
     return (n_end + PQ_KV_PAD - 1) / PQ_KV_PAD * PQ_KV_PAD;
 }
 
+/* One row of an attention mask: cells [0, seen) visible (0), the rest of the n masked (-inf). */
+static void mask_row(uint16_t * row, int64_t seen, int64_t n) {
+    const ggml_fp16_t zero = ggml_fp32_to_fp16(0.0f), ninf = ggml_fp32_to_fp16(-INFINITY);
+    for (int64_t j = 0; j < seen; ++j) row[j] = zero;
+    for (int64_t j = seen; j < n; ++j) row[j] = ninf;
+}
+
 static int alloc_state(struct pq_ctx * ctx) {
     const struct pq_model * m = ctx->model;
     const struct pq_hparams * hp = &m->hp;
@@ -52,9 +59,7 @@ void pq_ctx_reset(pq_ctx * ctx) {
      * reset context is bit-identical to a new one. */
     if (ctx->buf_state_cpu) ggml_backend_buffer_clear(ctx->buf_state_cpu, 0);
     if (ctx->buf_state_gpu) ggml_backend_buffer_clear(ctx->buf_state_gpu, 0);
-    const ggml_fp16_t ninf = ggml_fp32_to_fp16(-INFINITY);
-    const int64_t n_cells = ggml_nelements(ctx->kv_seen);
-    for (int64_t j = 0; j < n_cells; ++j) ctx->mask_buf[j] = ninf;  /* no cell seen yet */
+    mask_row(ctx->mask_buf, 0, ggml_nelements(ctx->kv_seen));  /* no cell seen yet */
     ggml_backend_tensor_set(ctx->kv_seen, ctx->mask_buf, 0, ggml_nbytes(ctx->kv_seen));
     ctx->n_past = 0;
 }
@@ -163,16 +168,11 @@ static int run_pass(struct pq_ctx * ctx, const int32_t * tokens, int32_t n, int3
     if (!g) return -1;
     /* the cells this pass writes become visible in kv_seen (0 is fp16 zero's bit pattern) */
     ggml_backend_tensor_memset(ctx->kv_seen, 0, sizeof(ggml_fp16_t) * (size_t) n_past, sizeof(ggml_fp16_t) * (size_t) n);
-    const ggml_fp16_t zero = ggml_fp32_to_fp16(0.0f), ninf = ggml_fp32_to_fp16(-INFINITY);
     for (int32_t i = 0; i < n; ++i) {
         ctx->pos_buf[i] = n_past + i;
         ctx->idx_buf[i] = n_past + i;
-        if (!g->inp_mask) continue;
         /* causal: row i sees cells 0 ..= n_past + i */
-        uint16_t * row = ctx->mask_buf + (size_t) i * n_kv;
-        const int32_t seen = n_past + i + 1;
-        for (int32_t j = 0; j < seen; ++j) row[j] = zero;
-        for (int32_t j = seen; j < n_kv; ++j) row[j] = ninf;
+        if (g->inp_mask) mask_row(ctx->mask_buf + (size_t) i * n_kv, n_past + i + 1, n_kv);
     }
     ggml_backend_tensor_set(g->inp_tokens, tokens, 0, sizeof(int32_t) * n);
     ggml_backend_tensor_set(g->inp_pos, ctx->pos_buf, 0, sizeof(int32_t) * n);
