@@ -24,6 +24,13 @@ struct gemv_il_buffer_context {
     void * dev_ptr;
 };
 
+// The CUDA buffer's padding rule: upstream's quantized kernels read a quantized tensor's last row on to a
+// multiple of MATRIX_ROW_PADDING columns, which must be zeros.
+static size_t gemv_il_row_padding(const ggml_tensor * t) {
+    return ggml_is_quantized(t->type) && t->ne[0] % MATRIX_ROW_PADDING != 0 ?
+        ggml_row_size(t->type, MATRIX_ROW_PADDING - t->ne[0] % MATRIX_ROW_PADDING) : 0;
+}
+
 static int gemv_il_type(const ggml_type type) {
     switch (type) {
         case GGML_TYPE_Q4_0: return GEMV_IL_Q4_0;
@@ -48,6 +55,11 @@ static bool gemv_il_eligible(const ggml_tensor * t, const int device) {
 
 bool ggml_cuda_gemv_il_owns(const ggml_tensor * src0) {
     if (src0->buffer == nullptr || !ggml_backend_buft_is_cuda_gemv_il(src0->buffer->buft) || src0->view_src != nullptr) {
+        return false;
+    }
+    // a weight's de-interleaved slab (ggml_cuda_mul_mat_gemv_il) keeps the buffer but not the bytes
+    const char * base = (const char *) ggml_backend_buffer_get_base(src0->buffer);
+    if ((const char *) src0->data < base || (const char *) src0->data >= base + ggml_backend_buffer_get_size(src0->buffer)) {
         return false;
     }
     return gemv_il_eligible(src0, ((gemv_il_buffer_context *) src0->buffer->context)->device);
@@ -111,42 +123,65 @@ static void gemv_il_launch(ggml_backend_cuda_context & ctx, const ggml_tensor * 
     }
 }
 
-// Token groups of 8 up to this many; a larger batch (prefill) de-interleaves the weight once, about
-// three weight reads and writes in all, and leaves the product to upstream's kernels.
-static constexpr int GEMV_IL_MAX_GROUPS = 3;
+// Token groups of 8 up to this many; a larger batch (prefill) has upstream's kernels multiply the
+// weight's rows slab by slab, each de-interleaved into one pool buffer of at most this many bytes: about
+// one read and one write of the weight more than upstream, and a bounded buffer instead of a whole copy
+// (the stacked FFN weights of the 9B shape are 54 MiB in Q4_0). Slabs of 16 MiB are a few per weight at
+// most, so upstream's per-call work (quantizing src1) repeats little.
+static constexpr int    GEMV_IL_MAX_GROUPS = 3;
+static constexpr size_t GEMV_IL_SLAB_BYTES = 16u << 20;
 
-bool ggml_cuda_mul_mat_gemv_il(ggml_backend_cuda_context & ctx, const ggml_tensor * src0, const ggml_tensor * src1, ggml_tensor * dst,
-                               ggml_tensor & plain, ggml_cuda_pool_alloc<uint8_t> & plain_data) {
+// Rows [row0, row0 + rows) of src0 in ggml's layout at `plain` (full tiles from tile row0/16 on,
+// de-interleaved; the partial last tile's rows, stored as ggml's already, copied), then zeros up to
+// the row padding upstream's kernels read past the last row.
+static void gemv_il_plain_rows(const ggml_tensor * src0, const int64_t row0, const int64_t rows, uint8_t * plain, cudaStream_t stream) {
+    const int type = gemv_il_type(src0->type);
+    const int64_t k = src0->ne[0], n = src0->ne[1];
+    const size_t row_bytes = ggml_row_size(src0->type, k);
+    const int64_t full = std::min(rows, n / GEMV_IL_TILE_ROWS * GEMV_IL_TILE_ROWS - row0); // rows in full tiles
+    const uint8_t * src = (const uint8_t *) src0->data + row0*row_bytes;
+    if (full > 0) {
+        gemv_il_deinterleave_cuda(type, src, plain, k, full / GEMV_IL_TILE_ROWS, stream);
+    }
+    const int64_t done = std::max<int64_t>(full, 0);
+    if (rows > done) {
+        CUDA_CHECK(cudaMemcpyAsync(plain + done*row_bytes, src + done*row_bytes, (rows - done)*row_bytes, cudaMemcpyDeviceToDevice, stream));
+    }
+    const size_t padding = gemv_il_row_padding(src0);
+    if (padding > 0) {
+        CUDA_CHECK(cudaMemsetAsync(plain + rows*row_bytes, 0, padding, stream));
+    }
+}
+
+void ggml_cuda_mul_mat_gemv_il(ggml_backend_cuda_context & ctx, const ggml_tensor * src0, const ggml_tensor * src1, ggml_tensor * dst,
+                               const ggml_cuda_mul_mat_fn upstream) {
     GGML_ASSERT(src1->type == GGML_TYPE_F32 && dst->type == GGML_TYPE_F32);
     GGML_ASSERT(src1->ne[0] == src0->ne[0] && src1->nb[0] == sizeof(float) && dst->nb[0] == sizeof(float));
     GGML_ASSERT(src1->ne[2] == 1 && src1->ne[3] == 1); // the weight is 2-D, so no broadcast
 
-    const int type = gemv_il_type(src0->type);
     const int64_t k = src0->ne[0], n = src0->ne[1], m = src1->ne[1];
-    cudaStream_t stream = ctx.stream();
-
-    if ((m + GEMV_IL_MAX_TOKENS - 1)/GEMV_IL_MAX_TOKENS > GEMV_IL_MAX_GROUPS) {
-        const size_t nbytes   = ggml_nbytes(src0);
-        const size_t padded   = ggml_backend_buft_get_alloc_size(src0->buffer->buft, src0);
-        const int64_t ntiles  = n / GEMV_IL_TILE_ROWS;
-        const size_t il_bytes = (size_t) ntiles*gemv_il_tile_bytes(type, k);
-        uint8_t * out = plain_data.alloc(padded);
-        if (ntiles > 0) {
-            gemv_il_deinterleave_cuda(type, (const uint8_t *) src0->data, out, k, ntiles, stream);
-        }
-        if (nbytes > il_bytes) { // the partial last tile is stored as ggml rows
-            CUDA_CHECK(cudaMemcpyAsync(out + il_bytes, (const uint8_t *) src0->data + il_bytes, nbytes - il_bytes, cudaMemcpyDeviceToDevice, stream));
-        }
-        if (padded > nbytes) { // upstream's kernels read the row padding of the last row
-            CUDA_CHECK(cudaMemsetAsync(out + nbytes, 0, padded - nbytes, stream));
-        }
-        plain = *src0;
-        plain.data = out;
-        return false;
+    if ((m + GEMV_IL_MAX_TOKENS - 1)/GEMV_IL_MAX_TOKENS <= GEMV_IL_MAX_GROUPS) {
+        gemv_il_launch(ctx, src0, (const float *) src1->data, src1->nb[1]/sizeof(float), m, GEMV_IL_PLAIN, {}, dst);
+        return;
     }
 
-    gemv_il_launch(ctx, src0, (const float *) src1->data, src1->nb[1]/sizeof(float), m, GEMV_IL_PLAIN, {}, dst);
-    return true;
+    const size_t row_bytes = ggml_row_size(src0->type, k);
+    const int64_t tile_bytes = gemv_il_tile_bytes(gemv_il_type(src0->type), k);
+    const int64_t slab_rows = std::max<int64_t>(1, (int64_t) GEMV_IL_SLAB_BYTES / tile_bytes) * GEMV_IL_TILE_ROWS;
+    const int64_t max_rows = std::min(slab_rows, n);
+    ggml_cuda_pool_alloc<uint8_t> plain(ctx.pool(), max_rows*row_bytes + gemv_il_row_padding(src0));
+    for (int64_t row0 = 0; row0 < n; row0 += slab_rows) {
+        const int64_t rows = std::min(slab_rows, n - row0);
+        gemv_il_plain_rows(src0, row0, rows, plain.get(), ctx.stream());
+        ggml_tensor w = *src0; // in the same buffer, but the data is the slab's: not owned
+        w.data  = plain.get();
+        w.ne[1] = rows;
+        w.nb[2] = w.nb[3] = rows*row_bytes;
+        ggml_tensor d = *dst;  // the slab's rows of every token row: a strided view
+        d.data  = (char *) dst->data + row0*sizeof(float);
+        d.ne[0] = rows;
+        upstream(ctx, &w, src1, &d);
+    }
 }
 
 static bool gemv_il_is_noop(const ggml_tensor * t) {
@@ -265,13 +300,10 @@ static void * gemv_il_buffer_get_base(ggml_backend_buffer_t buffer) {
 
 // As the CUDA buffer: zero the row padding that upstream's quantized kernels read.
 static ggml_status gemv_il_buffer_init_tensor(ggml_backend_buffer_t buffer, ggml_tensor * tensor) {
-    if (tensor->view_src == nullptr && ggml_is_quantized(tensor->type)) {
-        const size_t original_size = ggml_nbytes(tensor);
-        const size_t padded_size   = ggml_backend_buft_get_alloc_size(buffer->buft, tensor);
-        if (padded_size > original_size) {
-            ggml_cuda_set_device(((gemv_il_buffer_context *) buffer->context)->device);
-            CUDA_CHECK(cudaMemset((char *) tensor->data + original_size, 0, padded_size - original_size));
-        }
+    const size_t padding = gemv_il_row_padding(tensor);
+    if (tensor->view_src == nullptr && padding > 0) {
+        ggml_cuda_set_device(((gemv_il_buffer_context *) buffer->context)->device);
+        CUDA_CHECK(cudaMemset((char *) tensor->data + ggml_nbytes(tensor), 0, padding));
     }
     return GGML_STATUS_SUCCESS;
 }
@@ -391,13 +423,8 @@ static size_t gemv_il_buft_get_alignment(ggml_backend_buffer_type_t) {
     return 128;
 }
 
-// The CUDA buffer's padding rule (quantized rows padded to MATRIX_ROW_PADDING for upstream's kernels).
 static size_t gemv_il_buft_get_alloc_size(ggml_backend_buffer_type_t, const ggml_tensor * tensor) {
-    size_t size = ggml_nbytes(tensor);
-    if (ggml_is_quantized(tensor->type) && tensor->ne[0] % MATRIX_ROW_PADDING != 0) {
-        size += ggml_row_size(tensor->type, MATRIX_ROW_PADDING - tensor->ne[0] % MATRIX_ROW_PADDING);
-    }
-    return size;
+    return ggml_nbytes(tensor) + gemv_il_row_padding(tensor);
 }
 
 static const ggml_backend_buffer_type_i gemv_il_buft_interface = {

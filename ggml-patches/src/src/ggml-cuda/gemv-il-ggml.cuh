@@ -5,15 +5,18 @@
 
 #include "common.cuh"
 
-// True when src0 is stored interleaved (eligible tensor in a CUDA_IL buffer): its bytes are not
-// ggml's, so only ggml_cuda_mul_mat_gemv_il may read it.
+// True when src0 is stored interleaved (an eligible tensor whose bytes are in a CUDA_IL buffer): they
+// are not ggml's, so only ggml_cuda_mul_mat_gemv_il may read them.
 bool ggml_cuda_gemv_il_owns(const ggml_tensor * src0);
 
-// dst = src0 x src1 for an owned src0, 8 token rows of src1 per GEMV launch; returns true. For a
-// prefill-sized src1 it returns false instead, with `plain` = src0 de-interleaved into `plain_data`
-// (pool memory that must live until upstream's kernels have read it).
-bool ggml_cuda_mul_mat_gemv_il(ggml_backend_cuda_context & ctx, const ggml_tensor * src0, const ggml_tensor * src1, ggml_tensor * dst,
-                               ggml_tensor & plain, ggml_cuda_pool_alloc<uint8_t> & plain_data);
+// Upstream's matrix product for weights in ggml's layout (ggml_cuda_mul_mat).
+using ggml_cuda_mul_mat_fn = void (*)(ggml_backend_cuda_context & ctx, const ggml_tensor * src0, const ggml_tensor * src1, ggml_tensor * dst);
+
+// dst = src0 x src1 for an owned src0: up to 24 token rows of src1 on the GEMV, 8 per launch; a
+// prefill-sized src1 goes to `upstream` slab by slab, each slab of src0's rows de-interleaved into one
+// pool buffer of at most GEMV_IL_SLAB_BYTES, so a prefill holds no whole copy of any weight.
+void ggml_cuda_mul_mat_gemv_il(ggml_backend_cuda_context & ctx, const ggml_tensor * src0, const ggml_tensor * src1, ggml_tensor * dst,
+                               ggml_cuda_mul_mat_fn upstream);
 
 // Fuses the graph nodes from i on into one interleaved GEMV with a prologue (RMS_NORM -> MUL -> MUL_MAT,
 // SWIGLU -> MUL_MAT) when they match; returns how many nodes after i it consumed, 0 for no fusion.
