@@ -166,8 +166,8 @@ void ggml_cuda_mul_mat_gemv_il(ggml_backend_cuda_context & ctx, const ggml_tenso
     }
 
     const size_t row_bytes = ggml_row_size(src0->type, k);
-    const int64_t tile_bytes = gemv_il_tile_bytes(gemv_il_type(src0->type), k);
-    const int64_t slab_rows = std::max<int64_t>(1, (int64_t) GEMV_IL_SLAB_BYTES / tile_bytes) * GEMV_IL_TILE_ROWS;
+    // whole tiles, and a multiple of the 128 rows of mmq's tile so that only the last slab may need its fallback
+    const int64_t slab_rows = std::max<int64_t>(1, (int64_t) (GEMV_IL_SLAB_BYTES / (128*row_bytes))) * 128;
     const int64_t max_rows = std::min(slab_rows, n);
     ggml_cuda_pool_alloc<uint8_t> plain(ctx.pool(), max_rows*row_bytes + gemv_il_row_padding(src0));
     for (int64_t row0 = 0; row0 < n; row0 += slab_rows) {
