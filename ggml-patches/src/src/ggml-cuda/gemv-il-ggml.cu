@@ -46,6 +46,9 @@ static bool gemv_il_eligible(const ggml_tensor * t, const int device) {
 #if defined(GGML_USE_HIP)
     GGML_UNUSED(t); GGML_UNUSED(device);
     return false; // the layout is NVIDIA's mma fragment map (bench/gemv/README.md, "HIP")
+#elif defined(GGML_CUDA_FORCE_CUBLAS)
+    GGML_UNUSED(t); GGML_UNUSED(device);
+    return false; // the prefill slabs' strided outputs need mmq (cuBLAS wants contiguous ones)
 #else
     return gemv_il_type(t->type) >= 0 && t->ne[2] == 1 && t->ne[3] == 1 && ggml_is_contiguous(t) &&
            t->ne[1] <= INT_MAX && t->ne[0] <= INT_MAX && gemv_il_supported_shape(t->ne[1], t->ne[0]) &&
