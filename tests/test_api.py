@@ -9,6 +9,7 @@ import pytest
 
 from pyqwen import Llama
 from pyqwen.cli import default_model_path
+from device import TEST_NGL
 
 
 @pytest.fixture(scope="module")
@@ -91,10 +92,11 @@ def test_chat_completion(llm):
 
 @pytest.mark.parametrize("builtin", [False, True], ids=["tiny", "builtin"])
 def test_cli_generate(tiny_gguf, tmp_path, builtin):
-    """The prompt and its greedy completion; without -m from the model shipped in the package."""
+    """The prompt and its greedy completion; without -m from the model shipped in the package. The CLI
+    runs on the device the suite runs on, as the in-process Llama does."""
     path, prompt = (default_model_path(), "def fibonacci(n):") if builtin else (tiny_gguf, "Hello")
-    proc = subprocess.run([sys.executable, "-m", "pyqwen.cli", "generate", "-p", prompt, "-n", "8", "--temp", "0"]
-                          + ([] if builtin else ["-m", str(tiny_gguf)]),
+    proc = subprocess.run([sys.executable, "-m", "pyqwen.cli", "generate", "-p", prompt, "-n", "8", "--temp", "0",
+                           "-ngl", str(TEST_NGL)] + ([] if builtin else ["-m", str(tiny_gguf)]),
                           capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert ("built-in model" in proc.stderr) == builtin

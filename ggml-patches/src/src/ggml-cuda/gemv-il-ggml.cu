@@ -13,6 +13,7 @@
 #include "ggml-cuda.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <atomic>
 #include <mutex>
 #include <vector>
@@ -127,12 +128,20 @@ static void gemv_il_launch(ggml_backend_cuda_context & ctx, const ggml_tensor * 
 }
 
 // Token groups of 8 up to this many; a larger batch (prefill) has upstream's kernels multiply the
-// weight's rows slab by slab, each de-interleaved into one pool buffer of at most this many bytes: about
-// one read and one write of the weight more than upstream, and a bounded buffer instead of a whole copy
-// (the stacked FFN weights of the 9B shape are 54 MiB in Q4_0). Slabs of 16 MiB are a few per weight at
-// most, so upstream's per-call work (quantizing src1) repeats little.
-static constexpr int    GEMV_IL_MAX_GROUPS = 3;
-static constexpr size_t GEMV_IL_SLAB_BYTES = 16u << 20;
+// weight's rows slab by slab, each de-interleaved into one pool buffer of at most gemv_il_slab_bytes():
+// about one read and one write of the weight more than upstream, and a bounded buffer instead of a
+// whole copy (the stacked FFN weights of the 9B shape are 54 MiB in Q4_0).
+static constexpr int GEMV_IL_MAX_GROUPS = 3;
+
+// 16 MiB unless PYQWEN_GEMV_SLAB_MIB says otherwise: larger slabs trade device memory for prefill speed.
+static size_t gemv_il_slab_bytes() {
+    static const size_t bytes = [] {
+        const char * env = getenv("PYQWEN_GEMV_SLAB_MIB");
+        const long mib = env ? strtol(env, nullptr, 10) : 0;
+        return (size_t) (mib > 0 ? mib : 16) << 20;
+    }();
+    return bytes;
+}
 
 // Rows [row0, row0 + rows) of src0 in ggml's layout at `plain` (full tiles from tile row0/16 on,
 // de-interleaved; the partial last tile's rows, stored as ggml's already, copied), then zeros up to
@@ -170,7 +179,7 @@ void ggml_cuda_mul_mat_gemv_il(ggml_backend_cuda_context & ctx, const ggml_tenso
 
     const size_t row_bytes = ggml_row_size(src0->type, k);
     // whole tiles, and a multiple of the 128 rows of mmq's tile so that only the last slab may need its fallback
-    const int64_t slab_rows = std::max<int64_t>(1, (int64_t) (GEMV_IL_SLAB_BYTES / (128*row_bytes))) * 128;
+    const int64_t slab_rows = std::max<int64_t>(1, (int64_t) (gemv_il_slab_bytes() / (128*row_bytes))) * 128;
     const int64_t max_rows = std::min(slab_rows, n);
     ggml_cuda_pool_alloc<uint8_t> plain(ctx.pool(), max_rows*row_bytes + gemv_il_row_padding(src0));
     for (int64_t row0 = 0; row0 < n; row0 += slab_rows) {
