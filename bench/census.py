@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import csv
 import ctypes
-import re
 import sys
 import time
 from collections import defaultdict
@@ -67,8 +66,16 @@ def run(a) -> int:
 
 def short_name(name: str) -> str:
     """A kernel's name without its parameter list and with template arguments shortened."""
-    name = re.sub(r"\(.*$", "", name.split(" ", 1)[-1] if name.startswith("void ") else name)
-    return re.sub(r"<(.{0,60}).*?>$", lambda m: f"<{m.group(1)}>", name)
+    name = name.removeprefix("void ")
+    if name.endswith(")"):  # drop the parameter list: from the "(" that balances the last ")"
+        depth = 0
+        for i in range(len(name) - 1, -1, -1):
+            depth += {")": 1, "(": -1}.get(name[i], 0)
+            if depth == 0:
+                name = name[:i]
+                break
+    head, _, args = name.partition("<")
+    return f"{head}<{args[:60]}{'...' if len(args) > 61 else ''}" if args else head
 
 
 def table(a) -> int:
