@@ -85,7 +85,7 @@ def table(a) -> int:
     name_col = header.index("Kernel Name")
     time_col = header.index("gpu__time_duration.sum")
     grid_col = header.index("launch__grid_size") if "launch__grid_size" in header else None
-    scale = {"nsecond": 1e-3, "usecond": 1.0, "msecond": 1e3}.get(rows[1][time_col], None)
+    scale = {"ns": 1e-3, "nsecond": 1e-3, "us": 1.0, "usecond": 1.0, "ms": 1e3, "msecond": 1e3}.get(rows[1][time_col], None)
     if scale is None:
         sys.exit(f"census: unexpected time unit {rows[1][time_col]!r}")
     us, calls, grids = defaultdict(float), defaultdict(int), defaultdict(set)
