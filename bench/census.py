@@ -3,14 +3,15 @@
     ncu --clock-control none --cache-control none --profile-from-start off \\
         --metrics gpu__time_duration.sum,launch__grid_size --csv --page raw --log-file K.csv \\
         python3 bench/census.py run MODEL.gguf [--depth 512] [--tokens 8]
-    python3 bench/census.py table K.csv --tokens 8 [--wall-us W]
+    python3 bench/census.py table K.csv --tokens 8 [--wall-us W] [--by-grid]
 
 `run` fills the context with --depth random tokens, times --tokens greedy decode steps with no
 profiler attached to them (printed as wall µs per token), then decodes --tokens more between
 cudaProfilerStart and cudaProfilerStop, so ncu sees exactly those steps' kernels. ncu runs the
 kernels one at a time and leaves the clocks and the L2 alone (as METHOD.md asks), so the sum of
 kernel times is the GPU's busy time without overlap, and wall minus that sum is what the launches
-and dependencies between kernels cost. `table` sums the CSV by kernel per token.
+and dependencies between kernels cost. `table` sums the CSV by kernel per token; with --by-grid, by
+kernel and grid size (for the GEMVs: by weight shape).
 """
 from __future__ import annotations
 
@@ -89,8 +90,10 @@ def table(a) -> int:
     if scale is None:
         sys.exit(f"census: unexpected time unit {rows[1][time_col]!r}")
     us, calls, grids = defaultdict(float), defaultdict(int), defaultdict(set)
+    if a.by_grid and grid_col is None:
+        sys.exit("census: --by-grid needs the launch__grid_size metric in the CSV")
     for r in rows[2:]:
-        k = short_name(r[name_col])
+        k = short_name(r[name_col]) + (f" grid {r[grid_col]}" if a.by_grid else "")
         us[k] += float(r[time_col].replace(",", "")) * scale
         calls[k] += 1
         if grid_col is not None:
@@ -121,6 +124,7 @@ def main() -> int:
     t.add_argument("csv")
     t.add_argument("--tokens", type=int, default=8)
     t.add_argument("--wall-us", type=float, default=None, help="the wall time per token that `run` printed")
+    t.add_argument("--by-grid", action="store_true", help="one row per kernel and grid size")
     a = ap.parse_args()
     return run(a) if a.cmd == "run" else table(a)
 
