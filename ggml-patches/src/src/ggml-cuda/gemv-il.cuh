@@ -326,12 +326,6 @@ struct gemv_il_prologue_args {
     int           head     = 0;       // GATED_NORM: elements per normalized run
 };
 
-// grid (k/32), block 256 = 8 warps = the 8 token rows (rows >= m are written as zeros). x[tok*stride_x + i];
-// xs holds gemv_il_xs_count(k) scales, then as many sums. IEEE divisions on purpose: ggml builds with
-// -use_fast_math, and the CPU reference must get the same codes. The norms sum the squares of their
-// rows (or heads) again in every CTA, from L1/L2: cheaper than a launch for decode rows. Those sums are
-// a token's warp's, with independent loads in flight (a lane summing its 128 floats of a 4096 row one
-// dependent load at a time made the RMS_NORM prologue 6 us a launch, 13% of a 9B decode step).
 // sum(x[i]^2, i < n) over one warp (every lane gets it); n a multiple of 32. Rows 16-byte aligned with
 // n a multiple of 128 take float4 loads.
 static __device__ __forceinline__ float gemv_il_warp_sum_squares(const float * x, const int64_t n) {
@@ -353,6 +347,12 @@ static __device__ __forceinline__ float gemv_il_warp_sum_squares(const float * x
     return warp_reduce_sum(ss);
 }
 
+// grid (k/32), block 256 = 8 warps = the 8 token rows (rows >= m are written as zeros). x[tok*stride_x + i];
+// xs holds gemv_il_xs_count(k) scales, then as many sums. IEEE divisions on purpose: ggml builds with
+// -use_fast_math, and the CPU reference must get the same codes. The norms sum the squares of their
+// rows (or heads) again in every CTA, from L1/L2: cheaper than a launch for decode rows. Those sums are
+// a token's warp's, with independent loads in flight (a lane summing its 128 floats of a 4096 row one
+// dependent load at a time made the RMS_NORM prologue 6 us a launch, 13% of a 9B decode step).
 template <int prologue>
 static __global__ void __launch_bounds__(GEMV_IL_MAX_TOKENS*WARP_SIZE)
 gemv_il_quantize(const float * x, const int64_t stride_x, const int m, uint8_t * xq, float * xs, const gemv_il_prologue_args p) {
