@@ -147,6 +147,11 @@ static __device__ __forceinline__ void gemv_il_mma_u8s8(int d[4], const uint32_t
 template <int type>
 static __device__ __forceinline__ void gemv_il_chunk_dot(const gemv_il_chunk<type> & r, const uint8_t * xq, const float * xs,
                                                          const float * xsum, const int lane, float acc[4]) {
+#if defined(GGML_USE_HIP)
+    // NVIDIA's mma fragment layouts; on HIP the weights are never interleaved (gemv_il_eligible)
+    GGML_UNUSED_VARS(r, xq, xs, xsum, lane, acc);
+    NO_DEVICE_CODE;
+#else
     using namespace ggml_cuda_mma;
     [[maybe_unused]] float accd[4] = {0.0f, 0.0f, 0.0f, 0.0f};    // the chunk's sums before its rows' d (Q4_K: even sub-blocks)
     [[maybe_unused]] float accd_hi[4] = {0.0f, 0.0f, 0.0f, 0.0f}; // Q4_K: odd sub-blocks, codes 16*q
@@ -187,7 +192,7 @@ static __device__ __forceinline__ void gemv_il_chunk_dot(const gemv_il_chunk<typ
                 mma(Dlo, Alo, Blo);
                 mma(Dhi, Ahi, Bhi);
                 int c[4];
-                gemv_il_q6_k_scale(Dlo.x, Dhi.x, __shfl_sync(0xFFFFFFFF, r.s[h], src), c);
+                gemv_il_q6_k_scale(Dlo.x, Dhi.x, __shfl_sync(0xFFFFFFFF, r.s[h], src, WARP_SIZE), c);
                 accd[0] += (float) c[0] * dx0;
                 accd[1] += (float) c[1] * dx1;
                 accd[2] += (float) c[2] * dx0;
@@ -214,7 +219,7 @@ static __device__ __forceinline__ void gemv_il_chunk_dot(const gemv_il_chunk<typ
             B.x[1] = b1;
             tile<16, 8, int> D;
             mma(D, A, B);
-            const float2 dw = gemv_il_half2_bits_to_float2(__shfl_sync(0xFFFFFFFF, r.s[h], src));
+            const float2 dw = gemv_il_half2_bits_to_float2(__shfl_sync(0xFFFFFFFF, r.s[h], src, WARP_SIZE));
             acc[0] += (float) D.x[0] * (dw.x*dx0);
             acc[1] += (float) D.x[1] * (dw.x*dx1);
             acc[2] += (float) D.x[2] * (dw.y*dx0);
@@ -235,6 +240,7 @@ static __device__ __forceinline__ void gemv_il_chunk_dot(const gemv_il_chunk<typ
         acc[2] += accd[2]*d.y;
         acc[3] += accd[3]*d.y;
     }
+#endif // defined(GGML_USE_HIP)
 }
 
 // grid (ceil(n/16)), block (32 * nwarps, nwarps <= GEMV_IL_MAX_WARPS); dst[tok*stride_dst + row].
