@@ -3,8 +3,7 @@
 # machine without ROCm 6 or an AMD GPU:
 # Debian 12's hipcc (ROCm 5.2: `apt-get install hipcc libamdhip64-dev`) with bench/hip/stub/ for what
 # it lacks and ggml-cuda uses (hipBLAS declarations, hip_bf16.h, half2 shuffles, __hmax and a few HIP
-# runtime names). Nothing
-# is linked or run. Targets: gfx1030 (RDNA2) and gfx90a (CDNA2; there ROCm 5.2's clang also rejects
+# runtime names). Nothing is linked or run. Targets: gfx1030 (RDNA2) and gfx90a (CDNA2; there ROCm 5.2's clang also rejects
 # upstream's bf16 MFMA in mma.cuh, in every file that includes it, ours and upstream's mmf.cu alike).
 # Needs the extracted, patched tree (python3 vendor/prepare_ggml.py).
 set -euo pipefail
