@@ -3,6 +3,8 @@
 // upstream ggml's quantize_q8_1 + mul_mat_vec_q on the same shapes. bench/gemv/run.sh builds and runs it.
 //
 //   gemv_bench [--quick]      --quick: correctness of the small shapes only
+//   gemv_bench --token TYPE   one decode token's GEMVs of the 9B shape in TYPE (q4_0, q4_k, q8_0; the head
+//                             Q6_K), each after its quantization, back to back in one CUDA graph
 #include "gemv-il.cuh"
 #include "gemv_ref.h"
 
@@ -365,12 +367,65 @@ static void run_shape(int type, const shape & sh, uint64_t seed, cudaStream_t st
     (void) up_ctx;
 }
 
+// The GEMVs of one decode token of the Qwen3.5-9B shape: 32 layers (DeltaNet in_proj 12352 and ssm_out,
+// or attention qkv 10240 and wo, then ffn gate+up 24576 and down), then the 248320-row head in Q6_K,
+// each after its activation quantization, all in one CUDA graph, every weight in its own part of one
+// arena (4.7 GB, far beyond the L2). The bytes are not a real layout: the kernels' time does not
+// depend on them. What a token's GEMVs cost against the read ceiling, launch gaps and tails included
+// (the census of bench/census.py has the same kernels inside the model); GGML_CUDA_PDL=0 in the
+// environment turns programmatic dependent launch off, as pyqwen does by default.
+static void run_token(int type, double ceil_gbs, cudaStream_t st) {
+    struct gemv { int type, k, n; size_t at; };
+    std::vector<gemv> seq;
+    size_t bytes = 0;
+    const auto add = [&](int t, int k, int n) {
+        seq.push_back({t, k, n, bytes});
+        bytes += (size_t) n*gemv_il_row_bytes(t, k);
+    };
+    for (int il = 0; il < 32; ++il) {
+        add(type, 4096, il % 4 == 3 ? 10240 : 12352);
+        add(type, 4096, 4096);
+        add(type, 4096, 24576);
+        add(type, 12288, 4096);
+    }
+    add(GEMV_IL_Q6_K, 4096, 248320);
+    dev_buf w(bytes), x((size_t) 12288*GEMV_IL_MAX_TOKENS*sizeof(float)), y((size_t) 248320*GEMV_IL_MAX_TOKENS*sizeof(float));
+    dev_buf xq(gemv_il_xq_bytes(12288)), xs(2*gemv_il_xs_count(12288)*sizeof(float));
+    CUDA_CHECK(cudaMemsetAsync(w.p, 0x11, bytes, st));
+    CUDA_CHECK(cudaMemsetAsync(x.p, 0, (size_t) 12288*GEMV_IL_MAX_TOKENS*sizeof(float), st));
+    std::vector<int> nwarps;
+    for (const gemv & g : seq) nwarps.push_back(pick_nwarps(g.type, g.n, g.k));
+    const char * pdl = getenv("GGML_CUDA_PDL");
+    printf("\n| %s token, PDL %s | M | us per token | GEMV launches | GB | TB/s | %% of read |\n|---|---|---|---|---|---|---|\n",
+           type_name(type), pdl && atoi(pdl) == 0 ? "off" : "on");
+    for (int m : {1, 8}) {
+        const double us = time_graph(st, 1, [&](int) {
+            for (size_t i = 0; i < seq.size(); ++i) {
+                const gemv & g = seq[i];
+                launch_quantize(x.as<float>(), g.k, m, xq.as<uint8_t>(), xs.as<float>(), st);
+                launch_gemv(g.type, GEMV_BENCH_S, w.as<uint8_t>() + g.at, xq.as<uint8_t>(), xs.as<float>(), y.as<float>(),
+                            g.n, g.k, m, nwarps[i], st);
+            }
+        });
+        printf("| | %d | %.1f | %zu | %.2f | %.2f | %.0f |\n", m, us, seq.size(), bytes*1e-9, bytes*1e-6/us, 100.0*bytes*1e-3/us/ceil_gbs);
+    }
+}
+
 int main(int argc, char ** argv) {
     const bool quick = argc > 1 && std::string(argv[1]) == "--quick";
     CUDA_CHECK(cudaGetDeviceProperties(&g_prop, 0));
     printf("device: %s, %d SMs, L2 %d MB, cc %d.%d\n", g_prop.name, g_prop.multiProcessorCount, g_prop.l2CacheSize >> 20, g_prop.major, g_prop.minor);
     cudaStream_t st;
     CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    if (argc > 2 && std::string(argv[1]) == "--token") {
+        const std::string t = argv[2];
+        const int type = t == "q4_0" ? GEMV_IL_Q4_0 : t == "q4_k" ? GEMV_IL_Q4_K : t == "q8_0" ? GEMV_IL_Q8_0 : -1;
+        if (type < 0) { fprintf(stderr, "--token takes q4_0, q4_k or q8_0\n"); return 2; }
+        const double ceil_gbs = measure_read_ceiling(st);
+        printf("read ceiling (4 GiB, 16-byte loads): %.0f GB/s\n", ceil_gbs);
+        run_token(type, ceil_gbs, st);
+        return 0;
+    }
     ggml_backend_cuda_context * up_ctx = nullptr;
 #ifdef GEMV_BENCH_UPSTREAM
     up_ctx = new ggml_backend_cuda_context(0);  // only .device is read; never destroyed (its destructor lives in ggml-cuda.cu)
