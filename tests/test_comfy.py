@@ -439,22 +439,31 @@ def test_logits_against_transformers(which, comfy_w4a8, comfy_mixed, tmp_path):
     assert errs["auto"] < 0.15 and errs["q8_0"] < 0.15
 
 
-def decoded_copy(reader: Reader, out, *, keep_rotation: bool, keep_marker: bool):
-    """The file with every pq_w4a8 tensor decoded to F32 (the rotated weight W·H, exactly), with or
-    without its rotation keys, and with or without the pyqwen.requires marker tensor."""
+def decoded_copy(reader: Reader, out, *, keep_rotation: bool, keep_marker: bool, decode: bool = True):
+    """The file with every pq_w4a8 tensor decoded to F32 (the rotated weight W·H, exactly), or kept
+    as it is with its codebook (decode=False), with or without its rotation keys, and with or without
+    the pyqwen.requires marker tensor."""
     w = gguf.GGUFWriter(out, arch="qwen35")
     for key, f in reader.fields.items():
-        if key.startswith(("GGUF.", "general.architecture", "pyqwen.requires", "pyqwen.w4a8.")) \
+        if key.startswith(("GGUF.", "general.architecture", "pyqwen.requires")) \
+                or (key.startswith("pyqwen.w4a8.") and decode) \
                 or (key.startswith("pyqwen.hadamard.") and not keep_rotation):
             continue
         sub = f.types[-1] if f.types[0] == gguf.GGUFValueType.ARRAY else None
         w.add_key_value(key, f.contents(), f.types[0], sub_type=sub)
-    if keep_rotation:
-        w.add_array("pyqwen.requires", ["hadamard"])
+    requires = (["hadamard"] if keep_rotation else []) + ([] if decode else ["pq_w4a8"])
+    if requires:
+        w.add_array("pyqwen.requires", requires)
     for name, (qtype, shape, data) in reader.raw.items():
         if name == "pyqwen.requires" and not keep_marker:
             continue
-        if qtype == PQ_W4A8:
+        if qtype == PQ_W4A8 and not decode:
+            # codebook ids 0, as a file read by another process has them (the converter's are of
+            # this process); gguf-py does not know the type: its bytes, shape and id as they are
+            b = data.view(BLOCK).copy()
+            b["cb"] = 0
+            w.add_tensor(name, b.view(np.int8), raw_shape=shape, raw_dtype=PQ_W4A8)
+        elif qtype == PQ_W4A8:
             key = f"pyqwen.w4a8.codebook.{name}"
             b = attach(data.view(BLOCK).reshape(shape[0], -1), reader.fields[key].contents() if key in reader.fields else None)
             w.add_tensor(name, pq_dequantize(b))
@@ -484,6 +493,21 @@ def test_rotated_weights_in_the_graph(comfy_w4a8, tmp_path):
     print(f"rotated f32 weights: {rotated:.2e}; without rotation keys: {stripped:.2e}")
     assert rotated < F32_BOUND
     assert stripped > 0.5
+
+
+def test_stacked_w4a8_parts_keep_their_codebooks(comfy_w4a8, tmp_path):
+    """Without rotation keys, a layer's pq_w4a8 projections of one input stack into one weight at
+    load (in_proj, qkv, gate+up). Each part's codebook must still reach its blocks: the logits match
+    those of the same weights decoded to F32."""
+    src, _ = comfy_w4a8
+    reader, _ = gguf_of(src, tmp_path, "auto")
+    prompt = np.random.default_rng(5).integers(0, 900, size=24).tolist()
+    ref = pq_logits(decoded_copy(reader, tmp_path / "plain_f32.gguf", keep_rotation=False, keep_marker=False), prompt)
+    got = pq_logits(decoded_copy(reader, tmp_path / "plain_w4a8.gguf", keep_rotation=False, keep_marker=True,
+                                 decode=False), prompt)
+    err = max_rel(got, ref)
+    print(f"stacked pq_w4a8 against its F32 decode: relative logit error {err:.2e}")
+    assert err < 0.15
 
 
 def test_upstream_llama_cpp(comfy_w4a8, tmp_path, upstream_llama):  # noqa: F811

@@ -186,7 +186,8 @@ int  pq_check_requires(const struct gguf_context * g);
 int64_t pq_rotation_key(const struct gguf_context * g, const char * name);
 int  pq_load_rotation(struct pq_model * m, const struct gguf_context * g, const char * name, const struct ggml_tensor * w,
                       bool matmul_weight);
-int  pq_load_codebook(const struct gguf_context * g, const char * name, struct ggml_tensor * w);
+/* attaches tensor `name`'s codebook (pyqwen.w4a8.codebook.<name>, else the uniform code) to its pq_w4a8 blocks */
+int  pq_load_codebook(const struct gguf_context * g, const char * name, void * blocks, int64_t n_blocks);
 bool pq_gpu_can_multiply(ggml_backend_t gpu, const struct ggml_tensor * w);
 int32_t pq_rotation(const struct pq_model * m, const struct ggml_tensor * w);
 /* w·x, rotating x first when w is stored in the Hadamard basis */

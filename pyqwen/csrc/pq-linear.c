@@ -1,6 +1,6 @@
 /* Linear layers whose weights need more than ggml_mul_mat: weights stored in the Hadamard basis
  * of ComfyUI's ConvRot (their activations are rotated first, GGML_OP_PYQWEN_HADAMARD) and the
- * pyqwen-only type GGML_TYPE_PQ_W4A8 (its codebook is attached after loading).
+ * pyqwen-only type GGML_TYPE_PQ_W4A8 (its codebook is attached as its bytes are read).
  *
  * GGUF metadata, written by pyqwen-convert (convert/comfy.py):
  *   pyqwen.requires                   string array; the pyqwen extensions the file needs
@@ -65,9 +65,7 @@ int pq_load_rotation(struct pq_model * m, const struct gguf_context * g, const c
     return 0;
 }
 
-int pq_load_codebook(const struct gguf_context * g, const char * name, struct ggml_tensor * w) {
-    if (w->type != GGML_TYPE_PQ_W4A8) return 0;
-    if (!ggml_backend_buffer_is_host(w->buffer)) return pq_fail("tensor %s (pq_w4a8) must stay in host memory", name);
+int pq_load_codebook(const struct gguf_context * g, const char * name, void * blocks, int64_t n_blocks) {
     char key[160];
     snprintf(key, sizeof(key), "pyqwen.w4a8.codebook.%s", name);
     const int64_t id = gguf_find_key(g, key);
@@ -79,7 +77,7 @@ int pq_load_codebook(const struct gguf_context * g, const char * name, struct gg
         }
         codebook = gguf_get_arr_data(g, id);
     }
-    if (pq_w4a8_set_codebook(w->data, ggml_nelements(w) / GGML_PYQWEN_W4A8_BLOCK, codebook)) {
+    if (pq_w4a8_set_codebook(blocks, n_blocks, codebook)) {
         return pq_fail("tensor %s: %s", name, pq_last_error());
     }
     return 0;

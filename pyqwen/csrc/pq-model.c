@@ -218,7 +218,10 @@ static int check_tensor(const struct ggml_tensor * t, const struct tensor_req * 
     return 0;
 }
 
-static int read_tensor_data(FILE * f, size_t offset, const struct tensor_req * r, void ** scratch, size_t * scratch_size) {
+/* The tensor's bytes from the file into its place (through `scratch` for device memory), with a
+ * pq_w4a8 codebook attached to them: a stack's parts each bring their own. */
+static int read_tensor_data(FILE * f, size_t offset, const struct gguf_context * g, const struct tensor_req * r,
+                            void ** scratch, size_t * scratch_size) {
     const size_t nbytes = ggml_nbytes(r->src);
     void * dst = (char *) r->into->data + r->at;
     const bool host = ggml_backend_buffer_is_host(r->into->buffer);
@@ -233,6 +236,10 @@ static int read_tensor_data(FILE * f, size_t offset, const struct tensor_req * r
     }
     if (fseeko(f, (off_t) offset, SEEK_SET) != 0 || fread(dst, 1, nbytes, f) != nbytes) {
         return pq_fail("could not read the data of tensor %s (file truncated?)", r->name);
+    }
+    if (r->src->type == GGML_TYPE_PQ_W4A8 &&
+        pq_load_codebook(g, r->name, dst, ggml_nelements(r->src) / GGML_PYQWEN_W4A8_BLOCK)) {
+        return -1;
     }
     if (!host) ggml_backend_tensor_set(r->into, dst, r->at, nbytes);
     return 0;
@@ -418,8 +425,7 @@ int pq_model_load(const char * path, const pq_model_params * params, pq_model **
         const struct tensor_req * r = &reqs[i];
         if (!r->src) continue;
         const int64_t ti = gguf_find_tensor(g, r->name);
-        if (read_tensor_data(f, data_offset + gguf_get_tensor_offset(g, ti), r, &scratch, &scratch_size) ||
-            (r->into == *r->dst && pq_load_codebook(g, r->name, r->into))) goto done;
+        if (read_tensor_data(f, data_offset + gguf_get_tensor_offset(g, ti), g, r, &scratch, &scratch_size)) goto done;
     }
     rc = 0;
 
