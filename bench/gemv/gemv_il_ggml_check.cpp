@@ -4,7 +4,8 @@
 // product (float64 over the dequantized weights) as upstream's CUDA kernels on the same inputs. M = 24 is
 // three GEMV launches, M = 40 and 64 take the prefill path (the weight de-interleaved into the pool for
 // upstream's kernels). Every weight is also uploaded in row pieces, as pyqwen's stacked projections are,
-// some starting inside the partial last tile. ggml's CPU backend is printed alongside: its K-quant
+// some starting inside the partial last tile. Some row counts add a residual to the product (ADD(R,
+// MUL_MAT), which the GEMV fuses into its output; the prefill path does not). ggml's CPU backend is printed alongside: its K-quant
 // products round the activations per 256 values (Q8_K), the GPU kernels per 32, so it sits ~1e-2 away
 // on those types whichever GPU kernel runs. Exit code non-zero on any failure.
 // Built and run by bench/cuda_ops_check.sh.
@@ -21,16 +22,17 @@
 #include <random>
 #include <vector>
 
-// dst[m, n] = W[n, :] . x[m, :] for W (type, k x n) and x (f32, k x m) on `backend`, W in `wbuft`.
-// With `pieces`, W is uploaded as row ranges split at n/3, 2n/3, n - 3 and n - 1.
+// dst[m, n] = W[n, :] . x[m, :] (+ res[m, n] when res is not empty) for W (type, k x n) and x (f32, k x m)
+// on `backend`, W in `wbuft`. With `pieces`, W is uploaded as row ranges split at n/3, 2n/3, n - 3 and n - 1.
 static std::vector<float> mul_mat(ggml_backend_t backend, ggml_backend_buffer_type_t wbuft, ggml_type type,
-                                  const std::vector<uint8_t> & w, const std::vector<float> & x, int k, int n, int m,
-                                  std::vector<uint8_t> * w_back, bool pieces) {
-    ggml_init_params ip = { 4*ggml_tensor_overhead() + ggml_graph_overhead(), nullptr, true };
+                                  const std::vector<uint8_t> & w, const std::vector<float> & x, const std::vector<float> & res,
+                                  int k, int n, int m, std::vector<uint8_t> * w_back, bool pieces) {
+    ggml_init_params ip = { 8*ggml_tensor_overhead() + ggml_graph_overhead(), nullptr, true };
     ggml_context * cw = ggml_init(ip), * cx = ggml_init(ip);
     ggml_tensor * W = ggml_new_tensor_2d(cw, type, k, n);
     ggml_tensor * X = ggml_new_tensor_2d(cx, GGML_TYPE_F32, k, m);
-    ggml_tensor * Y = ggml_mul_mat(cx, W, X);
+    ggml_tensor * R = res.empty() ? nullptr : ggml_new_tensor_2d(cx, GGML_TYPE_F32, n, m);
+    ggml_tensor * Y = R ? ggml_add(cx, R, ggml_mul_mat(cx, W, X)) : ggml_mul_mat(cx, W, X);
     ggml_backend_buffer_t bw = ggml_backend_alloc_ctx_tensors_from_buft(cw, wbuft);
     ggml_backend_buffer_set_usage(bw, GGML_BACKEND_BUFFER_USAGE_WEIGHTS);
     ggml_backend_buffer_t bx = ggml_backend_alloc_ctx_tensors(cx, backend);
@@ -46,13 +48,16 @@ static std::vector<float> mul_mat(ggml_backend_t backend, ggml_backend_buffer_ty
         ggml_backend_tensor_set(W, w.data(), 0, w.size());
     }
     ggml_backend_tensor_set(X, x.data(), 0, x.size()*sizeof(float));
+    if (R) ggml_backend_tensor_set(R, res.data(), 0, res.size()*sizeof(float));
     if (w_back) {
         w_back->resize(w.size());
         ggml_backend_tensor_get(W, w_back->data(), 0, w.size());
     }
     ggml_cgraph * gf = ggml_new_graph(cx);
     ggml_build_forward_expand(gf, Y);
-    if (!ggml_backend_supports_op(backend, Y)) { fprintf(stderr, "MUL_MAT unsupported\n"); std::exit(2); }
+    for (int i = 0; i < ggml_graph_n_nodes(gf); ++i) {
+        if (!ggml_backend_supports_op(backend, ggml_graph_node(gf, i))) { fprintf(stderr, "%s unsupported\n", ggml_op_desc(ggml_graph_node(gf, i))); std::exit(2); }
+    }
     ggml_backend_graph_compute(backend, gf);
     std::vector<float> y((size_t) n*m);
     ggml_backend_tensor_get(Y, y.data(), 0, y.size()*sizeof(float));
@@ -106,21 +111,25 @@ int main() {
             for (int m : {1, 2, 3, 5, 8, 13, 24, 40, 64}) {
                 if (large && m != 5 && m != 40) continue;
                 const bool pieces = m % 2 == 1;
-                std::vector<float> x((size_t) k*m);
+                // the residual epilogue in one, two and three GEMV launches, and on the prefill path
+                const bool residual = m == 3 || m == 13 || m == 24 || m == 40;
+                std::vector<float> x((size_t) k*m), res(residual ? (size_t) n*m : 0);
                 for (float & v : x) v = nd(rng);
+                for (float & v : res) v = 8.0f*nd(rng);
                 std::vector<uint8_t> back;
-                const std::vector<float> y  = mul_mat(gpu, ggml_backend_cuda_gemv_il_buffer_type(0), type, w, x, k, n, m, &back, pieces);
-                const std::vector<float> yu = mul_mat(gpu, ggml_backend_cuda_buffer_type(0), type, w, x, k, n, m, nullptr, false);
-                const std::vector<float> yc = mul_mat(cpu, ggml_backend_cpu_buffer_type(), type, w, x, k, n, m, nullptr, false);
-                const std::vector<double> exact = exact_product(wd, x, k, n, m);
+                const std::vector<float> y  = mul_mat(gpu, ggml_backend_cuda_gemv_il_buffer_type(0), type, w, x, res, k, n, m, &back, pieces);
+                const std::vector<float> yu = mul_mat(gpu, ggml_backend_cuda_buffer_type(0), type, w, x, res, k, n, m, nullptr, false);
+                const std::vector<float> yc = mul_mat(cpu, ggml_backend_cpu_buffer_type(), type, w, x, res, k, n, m, nullptr, false);
+                std::vector<double> exact = exact_product(wd, x, k, n, m);
+                for (size_t i = 0; i < res.size(); ++i) exact[i] += res[i];
                 bool finite = true;
                 for (float v : y) finite = finite && std::isfinite(v);
                 const double e = rel_l2(y, exact), eu = rel_l2(yu, exact), ec = rel_l2(yc, exact);
                 // the same 8-bit activation rounding as upstream's mmvq / mmq: no more than 1.5x its error
                 const bool ok = finite && back == w && e <= 1.5*eu + 1e-6;
                 (ok ? passed : failed)++;
-                printf("%-5s k=%5d n=%5d m=%2d %-6s  rel_l2 vs exact: ours %.2e  upstream CUDA %.2e  CPU %.2e  get_tensor %s  %s\n",
-                       ggml_type_name(type), k, n, m, pieces ? "pieces" : "whole", e, eu, ec,
+                printf("%-5s k=%5d n=%5d m=%2d %-6s%s  rel_l2 vs exact: ours %.2e  upstream CUDA %.2e  CPU %.2e  get_tensor %s  %s\n",
+                       ggml_type_name(type), k, n, m, pieces ? "pieces" : "whole", residual ? " +res" : "     ", e, eu, ec,
                        back == w ? "same bytes" : "DIFFERENT BYTES", ok ? "ok" : "FAIL");
             }
         }

@@ -237,13 +237,14 @@ static __device__ __forceinline__ void gemv_il_chunk_dot(const gemv_il_chunk<typ
     }
 }
 
-// grid (ceil(n/16)), block (32 * nwarps, nwarps <= GEMV_IL_MAX_WARPS); dst[tok*stride_dst + row].
+// grid (ceil(n/16)), block (32 * nwarps, nwarps <= GEMV_IL_MAX_WARPS); dst[tok*stride_dst + row], plus
+// res[tok*stride_res + row] when res is set (the residual ADD after a projection; res may be dst).
 // S: register stages per warp. With S = 1 a warp loads its next chunk after using the current one;
 // with S = 2 the next load is in flight while it computes (twice the registers for the weights).
 template <int type, int S>
 static __global__ void __launch_bounds__(GEMV_IL_MAX_WARPS*WARP_SIZE)
 gemv_il_mul_mat(const uint8_t * w, const uint8_t * xq, const float * xs, float * dst,
-                const int n, const int k, const int m, const int64_t stride_dst) {
+                const int n, const int k, const int m, const int64_t stride_dst, const float * res, const int64_t stride_res) {
     const int lane    = threadIdx.x % WARP_SIZE;
     const int warp    = threadIdx.x / WARP_SIZE;
     const int nwarps  = blockDim.x / WARP_SIZE;
@@ -303,7 +304,7 @@ gemv_il_mul_mat(const uint8_t * w, const uint8_t * xq, const float * xs, float *
         const int l = e / 4, i = e % 4;
         const int row = (l / 4) + 8*(i / 2), tok = 2*(l % 4) + i % 2;
         if (tok < m && row < nrows) {
-            dst[tok*stride_dst + row0 + row] = sum*gemv_il_out_scale(type);
+            dst[tok*stride_dst + row0 + row] = sum*gemv_il_out_scale(type) + (res ? res[tok*stride_res + row0 + row] : 0.0f);
         }
     }
 }
