@@ -5,7 +5,8 @@
 // three GEMV launches, M = 40 and 64 take the prefill path (the weight de-interleaved into the pool for
 // upstream's kernels). Every weight is also uploaded in row pieces, as pyqwen's stacked projections are,
 // some starting inside the partial last tile. Some row counts add a residual to the product (ADD(R,
-// MUL_MAT), which the GEMV fuses into its output; the prefill path does not). ggml's CPU backend is printed alongside: its K-quant
+// MUL_MAT), which the GEMV fuses into its output; the prefill path does not), and decode-sized ones also
+// run as ARGMAX(MUL_MAT), which the GEMV computes without writing the product. ggml's CPU backend is printed alongside: its K-quant
 // products round the activations per 256 values (Q8_K), the GPU kernels per 32, so it sits ~1e-2 away
 // on those types whichever GPU kernel runs. Exit code non-zero on any failure.
 // Built and run by bench/cuda_ops_check.sh.
@@ -23,16 +24,18 @@
 #include <vector>
 
 // dst[m, n] = W[n, :] . x[m, :] (+ res[m, n] when res is not empty) for W (type, k x n) and x (f32, k x m)
-// on `backend`, W in `wbuft`. With `pieces`, W is uploaded as row ranges split at n/3, 2n/3, n - 3 and n - 1.
+// on `backend`, W in `wbuft`; with `argmax`, dst[m] = ARGMAX of each row of that instead. With `pieces`,
+// W is uploaded as row ranges split at n/3, 2n/3, n - 3 and n - 1.
 static std::vector<float> mul_mat(ggml_backend_t backend, ggml_backend_buffer_type_t wbuft, ggml_type type,
                                   const std::vector<uint8_t> & w, const std::vector<float> & x, const std::vector<float> & res,
-                                  int k, int n, int m, std::vector<uint8_t> * w_back, bool pieces) {
+                                  int k, int n, int m, std::vector<uint8_t> * w_back, bool pieces, bool argmax = false) {
     ggml_init_params ip = { 8*ggml_tensor_overhead() + ggml_graph_overhead(), nullptr, true };
     ggml_context * cw = ggml_init(ip), * cx = ggml_init(ip);
     ggml_tensor * W = ggml_new_tensor_2d(cw, type, k, n);
     ggml_tensor * X = ggml_new_tensor_2d(cx, GGML_TYPE_F32, k, m);
     ggml_tensor * R = res.empty() ? nullptr : ggml_new_tensor_2d(cx, GGML_TYPE_F32, n, m);
     ggml_tensor * Y = R ? ggml_add(cx, R, ggml_mul_mat(cx, W, X)) : ggml_mul_mat(cx, W, X);
+    if (argmax) Y = ggml_argmax(cx, Y);
     ggml_backend_buffer_t bw = ggml_backend_alloc_ctx_tensors_from_buft(cw, wbuft);
     ggml_backend_buffer_set_usage(bw, GGML_BACKEND_BUFFER_USAGE_WEIGHTS);
     ggml_backend_buffer_t bx = ggml_backend_alloc_ctx_tensors(cx, backend);
@@ -59,8 +62,14 @@ static std::vector<float> mul_mat(ggml_backend_t backend, ggml_backend_buffer_ty
         if (!ggml_backend_supports_op(backend, ggml_graph_node(gf, i))) { fprintf(stderr, "%s unsupported\n", ggml_op_desc(ggml_graph_node(gf, i))); std::exit(2); }
     }
     ggml_backend_graph_compute(backend, gf);
-    std::vector<float> y((size_t) n*m);
-    ggml_backend_tensor_get(Y, y.data(), 0, y.size()*sizeof(float));
+    std::vector<float> y(argmax ? (size_t) m : (size_t) n*m);
+    if (argmax) {
+        std::vector<int32_t> rows(m);
+        ggml_backend_tensor_get(Y, rows.data(), 0, rows.size()*sizeof(int32_t));
+        std::copy(rows.begin(), rows.end(), y.begin());
+    } else {
+        ggml_backend_tensor_get(Y, y.data(), 0, y.size()*sizeof(float));
+    }
     ggml_backend_buffer_free(bw); ggml_backend_buffer_free(bx);
     ggml_free(cw); ggml_free(cx);
     return y;
@@ -131,6 +140,17 @@ int main() {
                 printf("%-5s k=%5d n=%5d m=%2d %-6s%s  rel_l2 vs exact: ours %.2e  upstream CUDA %.2e  CPU %.2e  get_tensor %s  %s\n",
                        ggml_type_name(type), k, n, m, pieces ? "pieces" : "whole", residual ? " +res" : "     ", e, eu, ec,
                        back == w ? "same bytes" : "DIFFERENT BYTES", ok ? "ok" : "FAIL");
+                if (m <= 24 && !residual) {
+                    // ARGMAX fused into the GEMV: the first row of each token's largest product of the same kernel
+                    const std::vector<float> rows = mul_mat(gpu, ggml_backend_cuda_gemv_il_buffer_type(0), type, w, x, res, k, n, m, nullptr, false, true);
+                    bool same = true;
+                    for (int t = 0; t < m; ++t) {
+                        const float * yt = y.data() + (size_t) t*n;
+                        same = same && rows[t] == (float) (std::max_element(yt, yt + n) - yt);
+                    }
+                    (same ? passed : failed)++;
+                    printf("%-5s k=%5d n=%5d m=%2d         ARGMAX fused: %s\n", ggml_type_name(type), k, n, m, same ? "same rows  ok" : "DIFFERENT ROWS  FAIL");
+                }
             }
         }
     }

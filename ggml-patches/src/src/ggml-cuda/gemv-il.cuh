@@ -237,14 +237,36 @@ static __device__ __forceinline__ void gemv_il_chunk_dot(const gemv_il_chunk<typ
     }
 }
 
-// grid (ceil(n/16)), block (32 * nwarps, nwarps <= GEMV_IL_MAX_WARPS); dst[tok*stride_dst + row], plus
-// res[tok*stride_res + row] when res is set (the residual ADD after a projection; res may be dst).
+// What the GEMV does with its outputs besides storing them (the graph-level fusion is in gemv-il-ggml.cu).
+struct gemv_il_epilogue {
+    const float        * res        = nullptr; // adds res[tok*stride_res + row] (a residual ADD; may alias dst)
+    int64_t              stride_res = 0;
+    unsigned long long * argmax     = nullptr; // instead of storing: atomicMax of gemv_il_argmax_key per token
+};
+
+// Orders (value, row) as ggml's ARGMAX picks: the larger value, then the lower row. Keys start at 0.
+static __device__ __forceinline__ unsigned long long gemv_il_argmax_key(const float v, const int row) {
+    const uint32_t u = __float_as_uint(v);
+    const uint32_t o = u & 0x80000000u ? ~u : u | 0x80000000u;
+    return (unsigned long long) o << 32 | (0xFFFFFFFFu - (uint32_t) row);
+}
+
+// The row of each token's key.
+static __global__ void gemv_il_argmax_rows(const unsigned long long * keys, int32_t * dst, const int m) {
+    ggml_cuda_pdl_sync();
+    if ((int) threadIdx.x < m) {
+        dst[threadIdx.x] = (int32_t) (0xFFFFFFFFu - (uint32_t) keys[threadIdx.x]);
+    }
+}
+
+// grid (ceil(n/16)), block (32 * nwarps, nwarps <= GEMV_IL_MAX_WARPS); dst[tok*stride_dst + row], with
+// the epilogue's residual added, or only its argmax keys.
 // S: register stages per warp. With S = 1 a warp loads its next chunk after using the current one;
 // with S = 2 the next load is in flight while it computes (twice the registers for the weights).
 template <int type, int S>
 static __global__ void __launch_bounds__(GEMV_IL_MAX_WARPS*WARP_SIZE)
 gemv_il_mul_mat(const uint8_t * w, const uint8_t * xq, const float * xs, float * dst,
-                const int n, const int k, const int m, const int64_t stride_dst, const float * res, const int64_t stride_res) {
+                const int n, const int k, const int m, const int64_t stride_dst, const gemv_il_epilogue ep) {
     const int lane    = threadIdx.x % WARP_SIZE;
     const int warp    = threadIdx.x / WARP_SIZE;
     const int nwarps  = blockDim.x / WARP_SIZE;
@@ -289,9 +311,13 @@ gemv_il_mul_mat(const uint8_t * w, const uint8_t * xq, const float * xs, float *
     ggml_cuda_pdl_lc();
 
     __shared__ float partial[GEMV_IL_MAX_WARPS][WARP_SIZE*4];
+    __shared__ unsigned long long best[GEMV_IL_MAX_TOKENS];
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
         partial[warp][lane*4 + i] = acc[i];
+    }
+    if (ep.argmax && threadIdx.x < GEMV_IL_MAX_TOKENS) {
+        best[threadIdx.x] = 0;
     }
     __syncthreads();
     // 128 outputs (16 rows x 8 tokens); a CTA of fewer than 4 warps writes several per thread
@@ -304,7 +330,18 @@ gemv_il_mul_mat(const uint8_t * w, const uint8_t * xq, const float * xs, float *
         const int l = e / 4, i = e % 4;
         const int row = (l / 4) + 8*(i / 2), tok = 2*(l % 4) + i % 2;
         if (tok < m && row < nrows) {
-            dst[tok*stride_dst + row0 + row] = sum*gemv_il_out_scale(type) + (res ? res[tok*stride_res + row0 + row] : 0.0f);
+            const float v = sum*gemv_il_out_scale(type) + (ep.res ? ep.res[tok*ep.stride_res + row0 + row] : 0.0f);
+            if (ep.argmax) {
+                atomicMax(&best[tok], gemv_il_argmax_key(v, row0 + row));
+            } else {
+                dst[tok*stride_dst + row0 + row] = v;
+            }
+        }
+    }
+    if (ep.argmax) { // uniform over the CTA
+        __syncthreads();
+        if ((int) threadIdx.x < m) {
+            atomicMax(&ep.argmax[threadIdx.x], best[threadIdx.x]);
         }
     }
 }
