@@ -97,7 +97,7 @@ static void launch_quantize(const float * x, int k, int m, uint8_t * xq, float *
 #ifndef GEMV_BENCH_S
 #define GEMV_BENCH_S 1
 #endif
-using gemv_kernel_t = void (*)(const uint8_t *, const uint8_t *, const float *, float *, int, int, int, int64_t);
+using gemv_kernel_t = void (*)(const uint8_t *, const uint8_t *, const float *, float *, int, int, int, int64_t, gemv_il_epilogue);
 static gemv_kernel_t gemv_kernel(int type, int s) {
     return gemv_il_dispatch(type, [s](auto t) -> gemv_kernel_t {
         return s == 1 ? gemv_il_mul_mat<decltype(t)::value, 1> : gemv_il_mul_mat<decltype(t)::value, 2>;
@@ -107,7 +107,7 @@ static const std::vector<int> gemv_stages = {1, 2};
 
 static void launch_gemv(int type, int u, const uint8_t * w, const uint8_t * xq, const float * xs, float * y, int n, int k, int m, int nwarps, cudaStream_t st) {
     const ggml_cuda_kernel_launch_params p(dim3((n + 15)/16), dim3(nwarps*WARP_SIZE), 0, st);
-    ggml_cuda_kernel_launch(gemv_kernel(type, u), p, w, xq, xs, y, n, k, m, (int64_t) n);
+    ggml_cuda_kernel_launch(gemv_kernel(type, u), p, w, xq, xs, y, n, k, m, (int64_t) n, gemv_il_epilogue());
 }
 
 static int pick_nwarps(int type, int64_t n, int64_t k) {

@@ -4,7 +4,10 @@
 // product (float64 over the dequantized weights) as upstream's CUDA kernels on the same inputs. M = 24 is
 // three GEMV launches, M = 40 and 64 take the prefill path (the weight de-interleaved into the pool for
 // upstream's kernels). Every weight is also uploaded in row pieces, as pyqwen's stacked projections are,
-// some starting inside the partial last tile. ggml's CPU backend is printed alongside: its K-quant
+// some starting inside the partial last tile. Some row counts add a residual to the product (ADD(R,
+// MUL_MAT), which the GEMV fuses into its output; the prefill path does not), some take RMS_NORM(x) * w
+// (the norm prologue of the activation quantization), and decode-sized ones also run as ARGMAX(MUL_MAT),
+// which the GEMV computes without writing the product. ggml's CPU backend is printed alongside: its K-quant
 // products round the activations per 256 values (Q8_K), the GPU kernels per 32, so it sits ~1e-2 away
 // on those types whichever GPU kernel runs. Exit code non-zero on any failure.
 // Built and run by bench/cuda_ops_check.sh.
@@ -21,16 +24,29 @@
 #include <random>
 #include <vector>
 
-// dst[m, n] = W[n, :] . x[m, :] for W (type, k x n) and x (f32, k x m) on `backend`, W in `wbuft`.
-// With `pieces`, W is uploaded as row ranges split at n/3, 2n/3, n - 3 and n - 1.
+// The ops around the product, as in a model's graph (each one the GEMV fuses on decode-sized rows).
+struct around {
+    std::vector<float> norm;   // k floats: the product takes RMS_NORM(x) * norm (the input norms)
+    std::vector<float> res;    // m x n floats: ADD(res, product) (the residual stream)
+    bool               argmax = false; // ARGMAX over each token's products (greedy decoding)
+};
+constexpr float NORM_EPS = 1e-6f;
+
+// dst[m, n] = W[n, :] . x[m, :] for W (type, k x n) and x (f32, k x m) on `backend`, W in `wbuft`, with the
+// ops of `a` around it (argmax: dst[m] holds the rows, as floats). With `pieces`, W is uploaded as row
+// ranges split at n/3, 2n/3, n - 3 and n - 1.
 static std::vector<float> mul_mat(ggml_backend_t backend, ggml_backend_buffer_type_t wbuft, ggml_type type,
                                   const std::vector<uint8_t> & w, const std::vector<float> & x, int k, int n, int m,
-                                  std::vector<uint8_t> * w_back, bool pieces) {
-    ggml_init_params ip = { 4*ggml_tensor_overhead() + ggml_graph_overhead(), nullptr, true };
+                                  const around & a, std::vector<uint8_t> * w_back, bool pieces) {
+    ggml_init_params ip = { 10*ggml_tensor_overhead() + ggml_graph_overhead(), nullptr, true };
     ggml_context * cw = ggml_init(ip), * cx = ggml_init(ip);
     ggml_tensor * W = ggml_new_tensor_2d(cw, type, k, n);
     ggml_tensor * X = ggml_new_tensor_2d(cx, GGML_TYPE_F32, k, m);
-    ggml_tensor * Y = ggml_mul_mat(cx, W, X);
+    ggml_tensor * N = a.norm.empty() ? nullptr : ggml_new_tensor_1d(cx, GGML_TYPE_F32, k);
+    ggml_tensor * R = a.res.empty() ? nullptr : ggml_new_tensor_2d(cx, GGML_TYPE_F32, n, m);
+    ggml_tensor * Y = ggml_mul_mat(cx, W, N ? ggml_mul(cx, ggml_rms_norm(cx, X, NORM_EPS), N) : X);
+    if (R) Y = ggml_add(cx, R, Y);
+    if (a.argmax) Y = ggml_argmax(cx, Y);
     ggml_backend_buffer_t bw = ggml_backend_alloc_ctx_tensors_from_buft(cw, wbuft);
     ggml_backend_buffer_set_usage(bw, GGML_BACKEND_BUFFER_USAGE_WEIGHTS);
     ggml_backend_buffer_t bx = ggml_backend_alloc_ctx_tensors(cx, backend);
@@ -46,28 +62,43 @@ static std::vector<float> mul_mat(ggml_backend_t backend, ggml_backend_buffer_ty
         ggml_backend_tensor_set(W, w.data(), 0, w.size());
     }
     ggml_backend_tensor_set(X, x.data(), 0, x.size()*sizeof(float));
+    if (N) ggml_backend_tensor_set(N, a.norm.data(), 0, a.norm.size()*sizeof(float));
+    if (R) ggml_backend_tensor_set(R, a.res.data(), 0, a.res.size()*sizeof(float));
     if (w_back) {
         w_back->resize(w.size());
         ggml_backend_tensor_get(W, w_back->data(), 0, w.size());
     }
     ggml_cgraph * gf = ggml_new_graph(cx);
     ggml_build_forward_expand(gf, Y);
-    if (!ggml_backend_supports_op(backend, Y)) { fprintf(stderr, "MUL_MAT unsupported\n"); std::exit(2); }
+    for (int i = 0; i < ggml_graph_n_nodes(gf); ++i) {
+        if (!ggml_backend_supports_op(backend, ggml_graph_node(gf, i))) { fprintf(stderr, "%s unsupported\n", ggml_op_desc(ggml_graph_node(gf, i))); std::exit(2); }
+    }
     ggml_backend_graph_compute(backend, gf);
-    std::vector<float> y((size_t) n*m);
-    ggml_backend_tensor_get(Y, y.data(), 0, y.size()*sizeof(float));
+    std::vector<float> y(a.argmax ? (size_t) m : (size_t) n*m);
+    if (a.argmax) {
+        std::vector<int32_t> rows(m);
+        ggml_backend_tensor_get(Y, rows.data(), 0, rows.size()*sizeof(int32_t));
+        std::copy(rows.begin(), rows.end(), y.begin());
+    } else {
+        ggml_backend_tensor_get(Y, y.data(), 0, y.size()*sizeof(float));
+    }
     ggml_backend_buffer_free(bw); ggml_backend_buffer_free(bx);
     ggml_free(cw); ggml_free(cx);
     return y;
 }
 
-// y[m, n] = W[n, :] . x[m, :] in float64.
-static std::vector<double> exact_product(const std::vector<float> & w, const std::vector<float> & x, int k, int n, int m) {
-    std::vector<double> y((size_t) n*m);
+// y[m, n] = W[n, :] . x'[m, :] (+ res) in float64, x' = x or its RMS norm times a.norm.
+static std::vector<double> exact_product(const std::vector<float> & w, const std::vector<float> & x, int k, int n, int m,
+                                         const around & a) {
+    std::vector<double> y((size_t) n*m), xt(k);
     for (int t = 0; t < m; ++t) {
+        double ss = 0;
+        for (int i = 0; i < k; ++i) ss += (double) x[(size_t) t*k + i]*x[(size_t) t*k + i];
+        const double scale = a.norm.empty() ? 1.0 : 1.0/std::sqrt(ss/k + NORM_EPS);
+        for (int i = 0; i < k; ++i) xt[i] = x[(size_t) t*k + i]*scale*(a.norm.empty() ? 1.0 : a.norm[i]);
         for (int r = 0; r < n; ++r) {
-            double acc = 0;
-            for (int i = 0; i < k; ++i) acc += (double) w[(size_t) r*k + i]*x[(size_t) t*k + i];
+            double acc = a.res.empty() ? 0.0 : a.res[(size_t) t*n + r];
+            for (int i = 0; i < k; ++i) acc += (double) w[(size_t) r*k + i]*xt[i];
             y[(size_t) t*n + r] = acc;
         }
     }
@@ -106,22 +137,47 @@ int main() {
             for (int m : {1, 2, 3, 5, 8, 13, 24, 40, 64}) {
                 if (large && m != 5 && m != 40) continue;
                 const bool pieces = m % 2 == 1;
+                // the residual epilogue in one, two and three GEMV launches and on the prefill path; the
+                // norm prologue in one and two launches, with and without the residual
+                const bool residual = m == 3 || m == 13 || m == 24 || m == 40, norm = m == 1 || m == 5 || m == 13;
+                around a;
                 std::vector<float> x((size_t) k*m);
-                for (float & v : x) v = nd(rng);
+                for (float & v : x) v = 4.0f*nd(rng);
+                if (residual) {
+                    a.res.resize((size_t) n*m);
+                    for (float & v : a.res) v = 8.0f*nd(rng);
+                }
+                if (norm) {
+                    a.norm.resize(k);
+                    for (float & v : a.norm) v = 1.0f + 0.5f*nd(rng);
+                }
                 std::vector<uint8_t> back;
-                const std::vector<float> y  = mul_mat(gpu, ggml_backend_cuda_gemv_il_buffer_type(0), type, w, x, k, n, m, &back, pieces);
-                const std::vector<float> yu = mul_mat(gpu, ggml_backend_cuda_buffer_type(0), type, w, x, k, n, m, nullptr, false);
-                const std::vector<float> yc = mul_mat(cpu, ggml_backend_cpu_buffer_type(), type, w, x, k, n, m, nullptr, false);
-                const std::vector<double> exact = exact_product(wd, x, k, n, m);
+                const std::vector<float> y  = mul_mat(gpu, ggml_backend_cuda_gemv_il_buffer_type(0), type, w, x, k, n, m, a, &back, pieces);
+                const std::vector<float> yu = mul_mat(gpu, ggml_backend_cuda_buffer_type(0), type, w, x, k, n, m, a, nullptr, false);
+                const std::vector<float> yc = mul_mat(cpu, ggml_backend_cpu_buffer_type(), type, w, x, k, n, m, a, nullptr, false);
+                const std::vector<double> exact = exact_product(wd, x, k, n, m, a);
                 bool finite = true;
                 for (float v : y) finite = finite && std::isfinite(v);
                 const double e = rel_l2(y, exact), eu = rel_l2(yu, exact), ec = rel_l2(yc, exact);
                 // the same 8-bit activation rounding as upstream's mmvq / mmq: no more than 1.5x its error
                 const bool ok = finite && back == w && e <= 1.5*eu + 1e-6;
                 (ok ? passed : failed)++;
-                printf("%-5s k=%5d n=%5d m=%2d %-6s  rel_l2 vs exact: ours %.2e  upstream CUDA %.2e  CPU %.2e  get_tensor %s  %s\n",
-                       ggml_type_name(type), k, n, m, pieces ? "pieces" : "whole", e, eu, ec,
+                printf("%-5s k=%5d n=%5d m=%2d %-6s%s%s  rel_l2 vs exact: ours %.2e  upstream CUDA %.2e  CPU %.2e  get_tensor %s  %s\n",
+                       ggml_type_name(type), k, n, m, pieces ? "pieces" : "whole", norm ? " norm" : "     ", residual ? " +res" : "     ", e, eu, ec,
                        back == w ? "same bytes" : "DIFFERENT BYTES", ok ? "ok" : "FAIL");
+                if (m <= 24 && !residual) {
+                    // ARGMAX fused into the GEMV: the first row of each token's largest product of the same kernel
+                    around am = a;
+                    am.argmax = true;
+                    const std::vector<float> rows = mul_mat(gpu, ggml_backend_cuda_gemv_il_buffer_type(0), type, w, x, k, n, m, am, nullptr, false);
+                    bool same = true;
+                    for (int t = 0; t < m; ++t) {
+                        const float * yt = y.data() + (size_t) t*n;
+                        same = same && rows[t] == (float) (std::max_element(yt, yt + n) - yt);
+                    }
+                    (same ? passed : failed)++;
+                    printf("%-5s k=%5d n=%5d m=%2d              ARGMAX fused: %s\n", ggml_type_name(type), k, n, m, same ? "same rows  ok" : "DIFFERENT ROWS  FAIL");
+                }
             }
         }
     }

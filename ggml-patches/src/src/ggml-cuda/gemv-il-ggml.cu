@@ -71,7 +71,7 @@ bool ggml_cuda_gemv_il_owns(const ggml_tensor * src0) {
 
 // ---- MUL_MAT ----
 
-using gemv_il_kernel_t = void (*)(const uint8_t *, const uint8_t *, const float *, float *, int, int, int, int64_t);
+using gemv_il_kernel_t = void (*)(const uint8_t *, const uint8_t *, const float *, float *, int, int, int, int64_t, gemv_il_epilogue);
 
 static gemv_il_kernel_t gemv_il_kernel(const int type) {
     return gemv_il_dispatch(type, [](auto t) -> gemv_il_kernel_t { return gemv_il_mul_mat<decltype(t)::value, 1>; });
@@ -104,26 +104,40 @@ static decltype(&gemv_il_quantize<GEMV_IL_PLAIN>) gemv_il_quantize_kernel(const 
     }
 }
 
-// dst = W x prologue(x) for m token rows of x (row stride stride_x floats), 8 rows per launch pair.
+// dst = W x prologue(x) (+ res) for m token rows of x (row stride stride_x floats), 8 rows per launch pair.
+// With `argmax` (I32, m elements) dst is not written: argmax gets the row of each token's largest product.
 static void gemv_il_launch(ggml_backend_cuda_context & ctx, const ggml_tensor * src0, const float * x, const int64_t stride_x,
-                           const int64_t m, const gemv_il_prologue prologue, gemv_il_prologue_args p, ggml_tensor * dst) {
+                           const int64_t m, const gemv_il_prologue prologue, gemv_il_prologue_args p, ggml_tensor * dst,
+                           const ggml_tensor * res = nullptr, ggml_tensor * argmax = nullptr) {
     const int type = gemv_il_type(src0->type);
     const int64_t k = src0->ne[0], n = src0->ne[1];
     const int nwarps = gemv_il_nwarps(ctx.device, type, n, k);
     ggml_cuda_pool_alloc<uint8_t> xq(ctx.pool(), gemv_il_xq_bytes(k));
     ggml_cuda_pool_alloc<float>   xs(ctx.pool(), 2*gemv_il_xs_count(k));
     const int64_t stride_dst = dst->nb[1]/sizeof(float);
+    ggml_cuda_pool_alloc<unsigned long long> keys(ctx.pool());
+    if (argmax) {
+        CUDA_CHECK(cudaMemsetAsync(keys.alloc(m), 0, m*sizeof(unsigned long long), ctx.stream()));
+    }
+    gemv_il_epilogue ep;
+    ep.stride_res = res ? res->nb[1]/sizeof(float) : 0;
     const float * z = p.z;
     for (int64_t m0 = 0; m0 < m; m0 += GEMV_IL_MAX_TOKENS) {
         const int mm = (int) std::min<int64_t>(GEMV_IL_MAX_TOKENS, m - m0);
         p.z = z ? z + m0*p.stride_z : nullptr;
+        ep.res    = res ? (const float *) res->data + m0*ep.stride_res : nullptr;
+        ep.argmax = argmax ? keys.get() + m0 : nullptr;
         ggml_cuda_kernel_launch(gemv_il_quantize_kernel(prologue),
             ggml_cuda_kernel_launch_params(dim3(k/32), dim3(GEMV_IL_MAX_TOKENS*WARP_SIZE), 0, ctx.stream()),
             x + m0*stride_x, stride_x, mm, xq.get(), xs.get(), p);
         ggml_cuda_kernel_launch(gemv_il_kernel(type),
             ggml_cuda_kernel_launch_params(dim3((n + GEMV_IL_TILE_ROWS - 1)/GEMV_IL_TILE_ROWS), dim3(nwarps*WARP_SIZE), 0, ctx.stream()),
             (const uint8_t *) src0->data, (const uint8_t *) xq.get(), (const float *) xs.get(),
-            (float *) dst->data + m0*stride_dst, (int) n, (int) k, mm, stride_dst);
+            (float *) dst->data + m0*stride_dst, (int) n, (int) k, mm, stride_dst, ep);
+    }
+    if (argmax) {
+        ggml_cuda_kernel_launch(gemv_il_argmax_rows, ggml_cuda_kernel_launch_params(dim3(1), dim3(WARP_SIZE), 0, ctx.stream()),
+            (const unsigned long long *) keys.get(), (int32_t *) argmax->data, (int) m);
     }
 }
 
@@ -224,13 +238,65 @@ static bool gemv_il_is_norm_weight(const ggml_tensor * w, const int64_t n) {
     return w->type == GGML_TYPE_F32 && ggml_is_contiguous(w) && w->ne[0] == n && ggml_nrows(w) == 1;
 }
 
+// Epilogue fusions, when the product's only reader is the next node: an ADD of a residual of its shape
+// (the residual stream after a block's output projection), which the GEMV adds as it writes the ADD's
+// result; or an ARGMAX over its rows (greedy decoding over the logits), which it computes in place of
+// writing them. Either way the product is never written.
+
+// The residual ADD's index (res = the residual), or -1.
+static int gemv_il_residual_add(const ggml_cgraph * cgraph, const int i_mm, const ggml_tensor ** res) {
+    const int i_add = gemv_il_next_op(cgraph, i_mm + 1);
+    if (i_add >= cgraph->n_nodes || !gemv_il_used_once(cgraph, i_mm)) {
+        return -1;
+    }
+    const ggml_tensor * mm = cgraph->nodes[i_mm], * add = cgraph->nodes[i_add];
+    if (add->op != GGML_OP_ADD || (add->src[0] == mm) == (add->src[1] == mm)) {
+        return -1;
+    }
+    const ggml_tensor * r = add->src[0] == mm ? add->src[1] : add->src[0];
+    if (r->type != GGML_TYPE_F32 || add->type != GGML_TYPE_F32 || r->nb[0] != sizeof(float) || add->nb[0] != sizeof(float) ||
+        !ggml_are_same_shape(r, mm) || !ggml_are_same_shape(add, mm) || mm->ne[2] != 1 || mm->ne[3] != 1) {
+        return -1;
+    }
+    *res = r;
+    return i_add;
+}
+
+// The ARGMAX's index, or -1.
+static int gemv_il_argmax(const ggml_cgraph * cgraph, const int i_mm) {
+    const int i_am = gemv_il_next_op(cgraph, i_mm + 1);
+    if (i_am >= cgraph->n_nodes || !gemv_il_used_once(cgraph, i_mm)) {
+        return -1;
+    }
+    const ggml_tensor * mm = cgraph->nodes[i_mm], * am = cgraph->nodes[i_am];
+    return am->op == GGML_OP_ARGMAX && am->src[0] == mm && am->type == GGML_TYPE_I32 && ggml_is_contiguous(am) &&
+           mm->ne[2] == 1 && mm->ne[3] == 1 ? i_am : -1;
+}
+
+// The GEMV for the product at i_mm, with the epilogue fusion after it when there is one; returns the
+// last node it computed.
+static int gemv_il_launch_fused(ggml_backend_cuda_context & ctx, const ggml_cgraph * cgraph, const int i_mm, const float * x,
+                                const int64_t stride_x, const int64_t m, const gemv_il_prologue prologue, const gemv_il_prologue_args & p) {
+    ggml_tensor * mm = cgraph->nodes[i_mm];
+    const ggml_tensor * res = nullptr;
+    const int i_add = gemv_il_residual_add(cgraph, i_mm, &res);
+    if (i_add >= 0) {
+        gemv_il_launch(ctx, mm->src[0], x, stride_x, m, prologue, p, cgraph->nodes[i_add], res);
+        return i_add;
+    }
+    const int i_am = gemv_il_argmax(cgraph, i_mm);
+    gemv_il_launch(ctx, mm->src[0], x, stride_x, m, prologue, p, mm, nullptr, i_am >= 0 ? cgraph->nodes[i_am] : nullptr);
+    return i_am >= 0 ? i_am : i_mm;
+}
+
 // Prologue fusion. These node sequences, ending in a MUL_MAT by an interleaved weight with decode-sized
 // rows, become one quantization that computes the prologue and the GEMV; the intermediates are never
 // written:
 //   RMS_NORM -> MUL (row vector) -> MUL_MAT                            (the input norms)
 //   SWIGLU -> MUL_MAT                                                  (ffn_down)
 //   RMS_NORM (per head) -> MUL (head vector), SILU (z) -> MUL -> MUL_MAT (DeltaNet's gated norm, ssm_out)
-// Views and reshapes between them are no-ops on the GPU and are skipped with them.
+// Views and reshapes between them are no-ops on the GPU and are skipped with them. Each may end in an
+// epilogue fusion (residual ADD, ARGMAX), as may a plain MUL_MAT. Returns the nodes computed after node i.
 int ggml_cuda_gemv_il_try_fuse(ggml_backend_cuda_context & ctx, const ggml_cgraph * cgraph, const int i) {
     const ggml_tensor * node = cgraph->nodes[i];
     const auto fits = [](const ggml_tensor * mm, const ggml_tensor * x, const int64_t x_cols) {
@@ -244,8 +310,7 @@ int ggml_cuda_gemv_il_try_fuse(ggml_backend_cuda_context & ctx, const ggml_cgrap
             gemv_il_prologue_args p;
             p.w = (const float *) w->data;
             memcpy(&p.eps, node->op_params, sizeof(float));
-            gemv_il_launch(ctx, mm->src[0], (const float *) x->data, x->nb[1]/sizeof(float), x->ne[1], GEMV_IL_RMS_NORM, p, (ggml_tensor *) mm);
-            return 2;
+            return gemv_il_launch_fused(ctx, cgraph, i + 2, (const float *) x->data, x->nb[1]/sizeof(float), x->ne[1], GEMV_IL_RMS_NORM, p) - i;
         }
     }
     if (node->op == GGML_OP_RMS_NORM && i + 1 < cgraph->n_nodes && cgraph->nodes[i + 1]->op == GGML_OP_MUL) {
@@ -281,8 +346,7 @@ int ggml_cuda_gemv_il_try_fuse(ggml_backend_cuda_context & ctx, const ggml_cgrap
                 p.z = (const float *) z->data;
                 p.stride_z = z->nb[2]/sizeof(float);
                 p.head = (int) x->ne[0];
-                gemv_il_launch(ctx, mm->src[0], (const float *) x->data, x->nb[2]/sizeof(float), x->ne[2], GEMV_IL_GATED_NORM, p, (ggml_tensor *) mm);
-                return i_mm - i;
+                return gemv_il_launch_fused(ctx, cgraph, i_mm, (const float *) x->data, x->nb[2]/sizeof(float), x->ne[2], GEMV_IL_GATED_NORM, p) - i;
             }
         }
     }
@@ -290,9 +354,14 @@ int ggml_cuda_gemv_il_try_fuse(ggml_backend_cuda_context & ctx, const ggml_cgrap
         ggml_get_op_params_i32(node, 1) == 0 && ggml_can_fuse_subgraph(cgraph, i, { GGML_OP_GLU, GGML_OP_MUL_MAT }, { i + 1 })) {
         const ggml_tensor * mm = cgraph->nodes[i + 1], * x = node->src[0];
         if (mm->src[1] == node && fits(mm, x, 2*mm->src[0]->ne[0])) {
-            gemv_il_launch(ctx, mm->src[0], (const float *) x->data, x->nb[1]/sizeof(float), x->ne[1], GEMV_IL_SWIGLU, {}, (ggml_tensor *) mm);
-            return 1;
+            return gemv_il_launch_fused(ctx, cgraph, i + 1, (const float *) x->data, x->nb[1]/sizeof(float), x->ne[1], GEMV_IL_SWIGLU, {}) - i;
         }
+    }
+    const ggml_tensor * res = nullptr;
+    if (node->op == GGML_OP_MUL_MAT && fits(node, node->src[1], node->src[0]->ne[0]) &&
+        (gemv_il_residual_add(cgraph, i, &res) >= 0 || gemv_il_argmax(cgraph, i) >= 0)) {
+        const ggml_tensor * x = node->src[1];
+        return gemv_il_launch_fused(ctx, cgraph, i, (const float *) x->data, x->nb[1]/sizeof(float), x->ne[1], GEMV_IL_PLAIN, {}) - i;
     }
     return 0;
 }

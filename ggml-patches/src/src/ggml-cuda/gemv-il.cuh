@@ -243,13 +243,36 @@ static __device__ __forceinline__ void gemv_il_chunk_dot(const gemv_il_chunk<typ
 #endif // defined(GGML_USE_HIP)
 }
 
-// grid (ceil(n/16)), block (32 * nwarps, nwarps <= GEMV_IL_MAX_WARPS); dst[tok*stride_dst + row].
+// What the GEMV does with its outputs besides storing them (the graph-level fusion is in gemv-il-ggml.cu).
+struct gemv_il_epilogue {
+    const float        * res        = nullptr; // adds res[tok*stride_res + row] (a residual ADD; may alias dst)
+    int64_t              stride_res = 0;
+    unsigned long long * argmax     = nullptr; // instead of storing: atomicMax of gemv_il_argmax_key per token
+};
+
+// Orders (value, row) as ggml's ARGMAX picks: the larger value, then the lower row. Keys start at 0.
+static __device__ __forceinline__ unsigned long long gemv_il_argmax_key(const float v, const int row) {
+    const uint32_t u = __float_as_uint(v);
+    const uint32_t o = u & 0x80000000u ? ~u : u | 0x80000000u;
+    return (unsigned long long) o << 32 | (0xFFFFFFFFu - (uint32_t) row);
+}
+
+// The row of each token's key.
+static __global__ void gemv_il_argmax_rows(const unsigned long long * keys, int32_t * dst, const int m) {
+    ggml_cuda_pdl_sync();
+    if ((int) threadIdx.x < m) {
+        dst[threadIdx.x] = (int32_t) (0xFFFFFFFFu - (uint32_t) keys[threadIdx.x]);
+    }
+}
+
+// grid (ceil(n/16)), block (32 * nwarps, nwarps <= GEMV_IL_MAX_WARPS); dst[tok*stride_dst + row], with
+// the epilogue's residual added, or only its argmax keys.
 // S: register stages per warp. With S = 1 a warp loads its next chunk after using the current one;
 // with S = 2 the next load is in flight while it computes (twice the registers for the weights).
 template <int type, int S>
 static __global__ void __launch_bounds__(GEMV_IL_MAX_WARPS*WARP_SIZE)
 gemv_il_mul_mat(const uint8_t * w, const uint8_t * xq, const float * xs, float * dst,
-                const int n, const int k, const int m, const int64_t stride_dst) {
+                const int n, const int k, const int m, const int64_t stride_dst, const gemv_il_epilogue ep) {
     const int lane    = threadIdx.x % WARP_SIZE;
     const int warp    = threadIdx.x / WARP_SIZE;
     const int nwarps  = blockDim.x / WARP_SIZE;
@@ -294,9 +317,13 @@ gemv_il_mul_mat(const uint8_t * w, const uint8_t * xq, const float * xs, float *
     ggml_cuda_pdl_lc();
 
     __shared__ float partial[GEMV_IL_MAX_WARPS][WARP_SIZE*4];
+    __shared__ unsigned long long best[GEMV_IL_MAX_TOKENS];
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
         partial[warp][lane*4 + i] = acc[i];
+    }
+    if (ep.argmax && threadIdx.x < GEMV_IL_MAX_TOKENS) {
+        best[threadIdx.x] = 0;
     }
     __syncthreads();
     // 128 outputs (16 rows x 8 tokens); a CTA of fewer than 4 warps writes several per thread
@@ -309,7 +336,18 @@ gemv_il_mul_mat(const uint8_t * w, const uint8_t * xq, const float * xs, float *
         const int l = e / 4, i = e % 4;
         const int row = (l / 4) + 8*(i / 2), tok = 2*(l % 4) + i % 2;
         if (tok < m && row < nrows) {
-            dst[tok*stride_dst + row0 + row] = sum*gemv_il_out_scale(type);
+            const float v = sum*gemv_il_out_scale(type) + (ep.res ? ep.res[tok*ep.stride_res + row0 + row] : 0.0f);
+            if (ep.argmax) {
+                atomicMax(&best[tok], gemv_il_argmax_key(v, row0 + row));
+            } else {
+                dst[tok*stride_dst + row0 + row] = v;
+            }
+        }
+    }
+    if (ep.argmax) { // uniform over the CTA
+        __syncthreads();
+        if ((int) threadIdx.x < m) {
+            atomicMax(&ep.argmax[threadIdx.x], best[threadIdx.x]);
         }
     }
 }
@@ -353,12 +391,62 @@ static __device__ __forceinline__ float gemv_il_warp_sum_squares(const float * x
     return warp_reduce_sum(ss);
 }
 
+// sum(x[t*stride_x + i]^2, i < k) for the m rows t of x, by the CTA's 8 warps: warp w sums the w-th
+// eighth of every row, with all of a lane's loads independent (in flight together), then the eighths
+// meet in shared memory. One L2 round trip for a decode row where the row's own warp needed four.
+// Every thread of the CTA must call it; ss[t] holds row t's sum after it.
+static __device__ __forceinline__ void gemv_il_cta_sum_squares(const float * x, const int64_t stride_x, const int m, const int64_t k,
+                                                               float (*partial)[GEMV_IL_MAX_TOKENS], float * ss) {
+    const int w = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
+    const int64_t n = k / GEMV_IL_MAX_TOKENS; // a multiple of 32: k is of whole 256-chunks
+    const float * base = x + w*n;
+    float acc[GEMV_IL_MAX_TOKENS] = {};
+    if (n % (4*WARP_SIZE) == 0 && (uintptr_t) x % 16 == 0 && stride_x % 4 == 0) {
+        for (int64_t i = lane; i < n/4; i += WARP_SIZE) {
+#pragma unroll
+            for (int t = 0; t < GEMV_IL_MAX_TOKENS; ++t) {
+                if (t < m) {
+                    const float4 v = ((const float4 *) (base + t*stride_x))[i];
+                    acc[t] += v.x*v.x + v.y*v.y + v.z*v.z + v.w*v.w;
+                }
+            }
+        }
+    } else {
+        for (int64_t i = lane; i < n; i += WARP_SIZE) {
+#pragma unroll
+            for (int t = 0; t < GEMV_IL_MAX_TOKENS; ++t) {
+                if (t < m) {
+                    acc[t] += base[t*stride_x + i]*base[t*stride_x + i];
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int t = 0; t < GEMV_IL_MAX_TOKENS; ++t) {
+        if (t < m) { // uniform
+            acc[t] = warp_reduce_sum(acc[t]);
+            if (lane == 0) {
+                partial[t][w] = acc[t];
+            }
+        }
+    }
+    __syncthreads();
+    if (threadIdx.x < m) {
+        float sum = 0.0f;
+        for (int i = 0; i < GEMV_IL_MAX_TOKENS; ++i) {
+            sum += partial[threadIdx.x][i];
+        }
+        ss[threadIdx.x] = sum;
+    }
+    __syncthreads();
+}
+
 // grid (k/32), block 256 = 8 warps = the 8 token rows (rows >= m are written as zeros). x[tok*stride_x + i];
 // xs holds gemv_il_xs_count(k) scales, then as many sums. IEEE divisions on purpose: ggml builds with
 // -use_fast_math, and the CPU reference must get the same codes. The norms sum the squares of their
-// rows (or heads) again in every CTA, from L1/L2: cheaper than a launch for decode rows. Those sums are
-// a token's warp's, with independent loads in flight (a lane summing its 128 floats of a 4096 row one
-// dependent load at a time made the RMS_NORM prologue 6 us a launch, 13% of a 9B decode step).
+// rows (or heads) again in every CTA, from L1/L2: cheaper than a launch for decode rows, with independent
+// loads in flight (a lane summing its 128 floats of a 4096 row one dependent load at a time made the
+// RMS_NORM prologue 6 us a launch, 13% of a 9B decode step).
 template <int prologue>
 static __global__ void __launch_bounds__(GEMV_IL_MAX_TOKENS*WARP_SIZE)
 gemv_il_quantize(const float * x, const int64_t stride_x, const int m, uint8_t * xq, float * xs, const gemv_il_prologue_args p) {
@@ -370,12 +458,17 @@ gemv_il_quantize(const float * x, const int64_t stride_x, const int m, uint8_t *
     const int64_t e   = b*32 + kk;
 
     ggml_cuda_pdl_sync();
+    __shared__ float ss[GEMV_IL_MAX_TOKENS];
+    if constexpr (prologue == GEMV_IL_RMS_NORM) {
+        __shared__ float partial[GEMV_IL_MAX_TOKENS][GEMV_IL_MAX_TOKENS];
+        gemv_il_cta_sum_squares(x, stride_x, m, k, partial, ss);
+    }
     float v = 0.0f;
     if (tok < m) { // one token per warp: the branch and the warp reductions are uniform
         const float * row = x + tok*stride_x;
         v = row[e];
         if constexpr (prologue == GEMV_IL_RMS_NORM) {
-            v *= rsqrtf(gemv_il_warp_sum_squares(row, k)/(float) k + p.eps)*p.w[e];
+            v *= rsqrtf(ss[tok]/(float) k + p.eps)*p.w[e];
         } else if constexpr (prologue == GEMV_IL_SWIGLU) {
             v = v/(1.0f + expf(-v))*row[k + e];
         } else if constexpr (prologue == GEMV_IL_GATED_NORM) {
