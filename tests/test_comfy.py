@@ -32,7 +32,7 @@ from upstream import upstream_llama  # noqa: F401  (the session fixture)
 
 PQ_W4A8 = 100
 # on a GPU (device.ON_GPU) the models run on CUDA, whose TF32 matmuls cost f32 parity 2e-2..7e-2
-# (test_parity); pq_w4a8 weights and the rotation stay on the CPU there
+# (test_parity); pq_w4a8 weights go there as Q8_0 (pq_w4a8_to_q8_0), the rotation stays on the CPU
 F32_BOUND = 6e-2 if ON_GPU else 1e-4
 BLOCK = np.dtype([("d", "<f4"), ("cb", "<u4"), ("sr", "u1", (16,)), ("qs", "u1", (128,))])
 Q8_0 = np.dtype([("d", "<f2"), ("qs", "i1", (32,))])
@@ -153,6 +153,28 @@ def test_w4a8_bad_codebook_and_nan_scale():
     x = rng.normal(size=(3, 512)).astype(np.float32)
     out = mul_mat(PQ_W4A8, b, 2, 512, x)
     assert np.isnan(out[:, 1]).all() and np.isfinite(out[:, 0]).all()
+
+
+@pytest.mark.parametrize("with_codebook", [True, False], ids=["codebook", "uniform"])
+def test_w4a8_as_q8_0(with_codebook):
+    """How pq_w4a8 weights are stored on a GPU: Q8_0 blocks with the same int8 grid values and the
+    channel scale in fp16, so each value is the exact decode times fp16(d) / d (to float32 rounding);
+    a 32-column block with a NaN scale group decodes to NaN; a part-block length is refused."""
+    rng = np.random.default_rng(7 + with_codebook)
+    codebook = np.sort(rng.normal(0, 0.6, 16)).astype(np.float32) if with_codebook else None
+    b = attach(random_blocks(rng, 5, 512, nan_at=(3, 1, 5)), codebook)
+    q8 = np.full(b.size * 8 * 34, 0xAB, dtype=np.uint8)  # poisoned: 8 Q8_0 blocks of 34 bytes per block
+    assert lib.pq_w4a8_to_q8_0(ffi.from_buffer(b), ffi.from_buffer(q8), b.size * 256) == 0, err()
+    got = np.full(b.size * 256, -1.0, dtype=np.float32)
+    assert lib.pq_dequantize(int(T.Q8_0), ffi.from_buffer(q8), ffi.from_buffer("float[]", got), got.size) == 0, err()
+    got, ref = got.reshape(5, 512), reference_decode(b, codebook)
+    ratio = (b["d"].astype(np.float16).astype(np.float32) / b["d"])[:, 0, None]
+    nan = np.zeros_like(got, dtype=bool)
+    nan[3, 256 + 64:256 + 96] = True  # scale group 5 of block 1 is columns 80..95: its Q8_0 block 64..95
+    assert np.array_equal(np.isnan(got), nan)
+    np.testing.assert_allclose(got[~nan], (ref * ratio)[~nan], rtol=1e-6, atol=0)
+    assert lib.pq_w4a8_to_q8_0(ffi.from_buffer(b), ffi.from_buffer(q8), 100) == -1
+    assert "whole blocks" in err()
 
 
 def mul_mat(qtype, w, n_rows, k, x, hadamard_n=0) -> np.ndarray:

@@ -1,6 +1,7 @@
 /* Linear layers whose weights need more than ggml_mul_mat: weights stored in the Hadamard basis
  * of ComfyUI's ConvRot (their activations are rotated first, GGML_OP_PYQWEN_HADAMARD) and the
- * pyqwen-only type GGML_TYPE_PQ_W4A8 (its codebook is attached as its bytes are read).
+ * pyqwen-only type GGML_TYPE_PQ_W4A8 (its codebook is attached as it is read; on a GPU, which has no
+ * kernel for the type yet, it is stored as Q8_0 with the same int8 values).
  *
  * GGUF metadata, written by pyqwen-convert (convert/comfy.py):
  *   pyqwen.requires                   string array; the pyqwen extensions the file needs
@@ -90,13 +91,30 @@ int pq_w4a8_set_codebook(void * blocks, int64_t n_blocks, const float * codebook
     return 0;
 }
 
-bool pq_gpu_can_multiply(ggml_backend_t gpu, const struct ggml_tensor * w) {
-    /* a one-token product with w, as the graph builds it, asked of the backend */
+int pq_w4a8_to_q8_0(const void * blocks, void * out, int64_t n) {
+    if (n <= 0 || n % GGML_PYQWEN_W4A8_BLOCK != 0) {
+        return pq_fail("pq_w4a8 data is whole blocks of %d values, got %lld", GGML_PYQWEN_W4A8_BLOCK, (long long) n);
+    }
+    ggml_pyqwen_w4a8_to_q8_0(blocks, out, n);
+    return 0;
+}
+
+enum ggml_type pq_gpu_weight_type(enum ggml_type type) {
+    return type == GGML_TYPE_PQ_W4A8 ? GGML_TYPE_Q8_0 : type;
+}
+
+bool pq_gpu_can_multiply(ggml_backend_t gpu, const struct ggml_tensor * w, enum ggml_type type) {
+    /* a one-token product with w stored as `type`, as the graph builds it, asked of the backend */
+    struct ggml_tensor wt = { .type = type, .ne = { w->ne[0], w->ne[1], 1, 1 } };
     struct ggml_tensor x = { .type = GGML_TYPE_F32, .ne = { w->ne[0], 1, 1, 1 } };
+    wt.nb[0] = ggml_type_size(type);
+    wt.nb[1] = ggml_row_size(type, w->ne[0]);
     x.nb[0] = sizeof(float);
-    for (int i = 1; i < GGML_MAX_DIMS; ++i) x.nb[i] = x.nb[i - 1] * (size_t) x.ne[i - 1];
-    struct ggml_tensor op = { .type = GGML_TYPE_F32, .op = GGML_OP_MUL_MAT, .ne = { w->ne[1], 1, 1, 1 },
-                              .src = { (struct ggml_tensor *) w, &x } };
+    for (int i = 1; i < GGML_MAX_DIMS; ++i) {
+        if (i > 1) wt.nb[i] = wt.nb[i - 1] * (size_t) wt.ne[i - 1];
+        x.nb[i] = x.nb[i - 1] * (size_t) x.ne[i - 1];
+    }
+    struct ggml_tensor op = { .type = GGML_TYPE_F32, .op = GGML_OP_MUL_MAT, .ne = { w->ne[1], 1, 1, 1 }, .src = { &wt, &x } };
     return ggml_backend_supports_op(gpu, &op);
 }
 

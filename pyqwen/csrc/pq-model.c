@@ -155,6 +155,7 @@ struct tensor_req {
     /* found while loading */
     const struct ggml_tensor * src;  /* the file's tensor; NULL if absent */
     bool gpu;
+    enum ggml_type type;             /* how it is stored: the file's type, or pq_gpu_weight_type() of it on a GPU */
     struct ggml_tensor * into;       /* the tensor its bytes go to: its own, or a stack (stack_rows) */
     size_t at;                       /* byte offset in `into` */
 };
@@ -218,18 +219,24 @@ static int check_tensor(const struct ggml_tensor * t, const struct tensor_req * 
     return 0;
 }
 
+static size_t stored_bytes(const struct tensor_req * r) {
+    return ggml_row_size(r->type, r->src->ne[0]) * (size_t) ggml_nrows(r->src);
+}
+
 /* The tensor's bytes from the file into its place (through `scratch` for device memory), with a
- * pq_w4a8 codebook attached to them: a stack's parts each bring their own. */
+ * pq_w4a8 codebook attached, and the expansion to r->type where that differs from the file's type
+ * (only on a GPU). */
 static int read_tensor_data(FILE * f, size_t offset, const struct gguf_context * g, const struct tensor_req * r,
                             void ** scratch, size_t * scratch_size) {
-    const size_t nbytes = ggml_nbytes(r->src);
+    const size_t nbytes = ggml_nbytes(r->src), stored = stored_bytes(r);
+    const bool host = ggml_backend_buffer_is_host(r->into->buffer), expand = r->type != r->src->type;
     void * dst = (char *) r->into->data + r->at;
-    const bool host = ggml_backend_buffer_is_host(r->into->buffer);
     if (!host) {
-        if (*scratch_size < nbytes) {
+        const size_t need = nbytes + (expand ? stored : 0);
+        if (*scratch_size < need) {
             free(*scratch);
-            *scratch = malloc(nbytes);
-            *scratch_size = *scratch ? nbytes : 0;
+            *scratch = malloc(need);
+            *scratch_size = *scratch ? need : 0;
             if (!*scratch) return pq_fail("out of host memory reading %s", r->name);
         }
         dst = *scratch;
@@ -241,7 +248,15 @@ static int read_tensor_data(FILE * f, size_t offset, const struct gguf_context *
         pq_load_codebook(g, r->name, dst, ggml_nelements(r->src) / GGML_PYQWEN_W4A8_BLOCK)) {
         return -1;
     }
-    if (!host) ggml_backend_tensor_set(r->into, dst, r->at, nbytes);
+    if (expand) {
+        void * out = (char *) dst + nbytes;
+        if (host || r->src->type != GGML_TYPE_PQ_W4A8 || r->type != GGML_TYPE_Q8_0) {
+            return pq_fail("tensor %s: no conversion from %s to %s here", r->name, ggml_type_name(r->src->type), ggml_type_name(r->type));
+        }
+        ggml_pyqwen_w4a8_to_q8_0(dst, out, ggml_nelements(r->src));
+        dst = out;
+    }
+    if (!host) ggml_backend_tensor_set(r->into, dst, r->at, stored);
     return 0;
 }
 
@@ -263,19 +278,19 @@ static void stack_rows(struct pq_model * m, const struct gguf_context * g, struc
         r[i] = find_req(reqs, n_req, parts[i]);
         if (!r[i] || !r[i]->src) return;
         const struct ggml_tensor * a = r[i]->src, * b = r[0]->src;
-        if (a->type != b->type || a->type >= GGML_TYPE_COUNT || a->ne[0] != b->ne[0] || r[i]->gpu != r[0]->gpu ||
-            pq_rotation_key(g, r[i]->name) >= 0) {
+        if (r[i]->type != r[0]->type || a->type != b->type || a->type >= GGML_TYPE_COUNT || a->ne[0] != b->ne[0] ||
+            r[i]->gpu != r[0]->gpu || pq_rotation_key(g, r[i]->name) >= 0) {
             return;
         }
         rows += a->ne[1];
     }
-    *stack = ggml_new_tensor_2d(r[0]->gpu ? m->ctx_gpu : m->ctx_cpu, r[0]->src->type, r[0]->src->ne[0], rows);
+    *stack = ggml_new_tensor_2d(r[0]->gpu ? m->ctx_gpu : m->ctx_cpu, r[0]->type, r[0]->src->ne[0], rows);
     ggml_format_name(*stack, "blk.%d.%s.stacked", il, name);
     size_t at = 0;
     for (int i = 0; i < n_parts; ++i) {
         r[i]->into = *stack;
         r[i]->at = at;
-        at += ggml_nbytes(r[i]->src);
+        at += stored_bytes(r[i]);
     }
 }
 
@@ -382,7 +397,11 @@ int pq_model_load(const char * path, const pq_model_params * params, pq_model **
         r->gpu = m->backend_gpu && (r->layer >= 0 ? r->layer >= m->hp.n_layer - m->n_gpu_layers : m->output_on_gpu);
         /* the embedding lookup is a gather: it stays on the CPU like upstream's input layer */
         if (r->dst == &m->tok_embd) r->gpu = false;
-        if (r->gpu && !pq_gpu_can_multiply(m->backend_gpu, r->src)) r->gpu = false;
+        r->type = r->gpu ? pq_gpu_weight_type(r->src->type) : r->src->type;
+        if (r->gpu && !pq_gpu_can_multiply(m->backend_gpu, r->src, r->type)) {
+            r->gpu = false;
+            r->type = r->src->type;
+        }
     }
     for (int il = 0; il < m->hp.n_layer; ++il) {
         struct pq_layer * L = &m->layers[il];
@@ -400,7 +419,7 @@ int pq_model_load(const char * path, const pq_model_params * params, pq_model **
         struct tensor_req * r = &reqs[i];
         if (!r->src) continue;
         if (!r->into) {  /* not stacked: a tensor of its own */
-            r->into = *r->dst = ggml_dup_tensor(r->gpu ? m->ctx_gpu : m->ctx_cpu, r->src);
+            r->into = *r->dst = ggml_new_tensor(r->gpu ? m->ctx_gpu : m->ctx_cpu, r->type, GGML_MAX_DIMS, r->src->ne);
             ggml_set_name(r->into, r->name);
             if (pq_load_rotation(m, g, r->name, r->into, !r->f32_only && r->dst != &m->tok_embd)) goto done;
         }

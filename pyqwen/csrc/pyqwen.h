@@ -120,6 +120,9 @@ PQ_API int64_t pq_type_row_size(int32_t type, int64_t n_per_row);
 /* GGML_TYPE_PQ_W4A8 (ggml-patches/): attach a 16-entry codebook (NULL: the uniform code - 8) to
  * n_blocks blocks, as the loader does with the pyqwen.w4a8.codebook.<tensor> metadata. */
 PQ_API int pq_w4a8_set_codebook(void * blocks, int64_t n_blocks, const float * codebook);
+/* n values of GGML_TYPE_PQ_W4A8 blocks (codebook attached) as GGML_TYPE_Q8_0 blocks, as the loader
+ * stores such weights on a GPU: the same int8 values, the channel scale in fp16. */
+PQ_API int pq_w4a8_to_q8_0(const void * blocks, void * out, int64_t n);
 /* One-node CPU graphs for the tests: x -> x·H per n columns (GGML_OP_PYQWEN_HADAMARD), and the
  * product of n_rows weight rows of a ggml type with n_cols activation columns, the activations
  * first rotated when hadamard > 0 (what the model graph does for rotated weights);

@@ -57,6 +57,11 @@ extern "C" {
     GGML_API int32_t ggml_pyqwen_w4a8_codebook(const float codebook[16]);
     // Writes codebook id `id` into every block of `data` (n_blocks blocks).
     GGML_API void    ggml_pyqwen_w4a8_set_codebook(void * data, int64_t n_blocks, int32_t id);
+    // k values (whole blocks) as GGML_TYPE_Q8_0 blocks: the same int8 grid values, and the channel
+    // scale d in fp16, so each value is exactly L * fp16(d). A 32-column block with a NaN scale in
+    // either of its 16-column groups (or an unknown codebook) decodes to NaN. For backends without
+    // a pq_w4a8 kernel: 8.5 bits a weight instead of 4.75.
+    GGML_API void    ggml_pyqwen_w4a8_to_q8_0(const void * src, void * dst, int64_t k);
 
     // x -> x·H on each run of n consecutive elements of every row, where H = (⊗ H4) / sqrt(n) is
     // the symmetric orthogonal "regular" Hadamard matrix of ComfyUI's ConvRot (n a power of 4,

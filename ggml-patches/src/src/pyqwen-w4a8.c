@@ -1,7 +1,11 @@
-// GGML_TYPE_PQ_W4A8 (include/ggml-pyqwen.h): the process-wide codebook table and dequantization.
+// GGML_TYPE_PQ_W4A8 (include/ggml-pyqwen.h): the process-wide codebook table, dequantization, and the
+// expansion to Q8_0 for backends without a kernel for the type.
 //
 // Each codebook entry keeps, besides its 16 values, the int8 grid value of every (scale byte,
 // code) pair, so kernels decode a weight with one table lookup and the rounding is done once, here.
+#define GGML_COMMON_DECL_C
+#include "ggml-common.h"
+
 #include "pyqwen-w4a8.h"
 
 #include "ggml-impl.h"
@@ -121,6 +125,30 @@ void dequantize_row_pq_w4a8(const block_pq_w4a8 * GGML_RESTRICT x, float * GGML_
                 const uint8_t b = x[i].qs[8 * g + j];
                 y[16 * g + 2 * j]     = (float) levels[s][b & 0xF] * x[i].d;
                 y[16 * g + 2 * j + 1] = (float) levels[s][b >> 4]  * x[i].d;
+            }
+        }
+    }
+}
+
+void ggml_pyqwen_w4a8_to_q8_0(const void * GGML_RESTRICT src, void * GGML_RESTRICT dst, int64_t k) {
+    const int QK = GGML_PYQWEN_W4A8_BLOCK;
+    static_assert(GGML_PYQWEN_W4A8_BLOCK % QK8_0 == 0 && QK8_0 % 16 == 0, "a Q8_0 block spans whole 16-column scale groups");
+    assert(k % QK == 0);
+    const block_pq_w4a8 * x = src;
+    block_q8_0 * y = dst;
+    for (int64_t i = 0; i < k / QK; ++i) {
+        const int8_t (*levels)[16] = ggml_pyqwen_w4a8_levels(x[i].cb);
+        for (int b = 0; b < QK / QK8_0; ++b, ++y) {
+            bool nan = !levels;
+            for (int g = b * (QK8_0 / 16); g < (b + 1) * (QK8_0 / 16); ++g) {
+                nan = nan || ggml_pyqwen_w4a8_nan_scale(x[i].sr[g]);
+            }
+            y->d = GGML_FP32_TO_FP16(nan ? NAN : x[i].d);
+            for (int j = 0; j < QK8_0 / 2; ++j) {
+                const int c = b * QK8_0 + 2 * j;  // the columns of byte c / 2: c and c + 1, in one scale group
+                const uint8_t q = x[i].qs[c / 2], s = x[i].sr[c / 16];
+                y->qs[2 * j]     = nan ? 0 : levels[s][q & 0xF];
+                y->qs[2 * j + 1] = nan ? 0 : levels[s][q >> 4];
             }
         }
     }
