@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Compile-check for HIP (AMD) of pyqwen's CUDA sources and of ggml-cuda.cu with patches 0006/0007, on a
+# Compile-check for HIP (AMD) of pyqwen's CUDA sources and of ggml-cuda.cu with patches 0005-0007, on a
 # machine without ROCm 6 or an AMD GPU:
 # Debian 12's hipcc (ROCm 5.2: `apt-get install hipcc libamdhip64-dev`) with bench/hip/stub/ for what
 # it lacks and ggml-cuda uses (hipBLAS declarations, hip_bf16.h, half2 shuffles, __hmax and a few HIP
@@ -11,7 +11,7 @@ ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 G=$ROOT/vendor/ggml
 export HIP_PLATFORM=amd HIP_COMPILER=clang HIP_RUNTIME=rocclr  # hipcc would pick nvcc where CUDA is installed
 rc=0
-for f in ${HIP_CHECK_FILES:-pyqwen-deltanet.cu gemv-il-ggml.cu ggml-cuda.cu}; do
+for f in ${HIP_CHECK_FILES:-pyqwen-deltanet.cu pyqwen-sample.cu gemv-il-ggml.cu ggml-cuda.cu}; do
     for arch in ${HIP_CHECK_ARCHS:-gfx1030 gfx90a}; do
         log=$(mktemp)
         if hipcc -std=c++17 -O1 --offload-arch="$arch" -x hip -include "$ROOT/bench/hip/stub/rocm52_compat.h" \

@@ -111,6 +111,11 @@ PQ_API int32_t pq_ctx_generate(pq_ctx * ctx, int32_t token, int32_t n_steps, con
 PQ_API int pq_sample_logits(const float * logits, int32_t n_vocab, const pq_sampling * sampling,
                             const int32_t * history, int32_t n_history, float uniform,
                             int32_t * out_token);
+/* The same on the first CUDA device (the sampler's CUDA kernel, for checking it against the CPU's);
+ * fails when the build has no CUDA or no device answers. */
+PQ_API int pq_sample_logits_gpu(const float * logits, int32_t n_vocab, const pq_sampling * sampling,
+                                const int32_t * history, int32_t n_history, float uniform,
+                                int32_t * out_token);
 /* Quantize n_rows rows of n_per_row floats to a ggml type (ggml's own quantizers, no importance
  * matrix) and back. pq_quantize returns the bytes written, or -1 if the type cannot hold rows
  * of that length. */

@@ -32,8 +32,8 @@ extern "C" {
     //                                  it occurs; -1 (or any id outside [0, n_vocab)) is an empty slot
     //   result  I32 [n_rows]
     // Ties go to the lowest id. NaN logits are never chosen; a row whose logits are all NaN gives -1.
-    // If the best logit is +-inf the row is decided greedily. Only the CPU backend implements the op;
-    // the scheduler places it there and copies the logits to the host.
+    // If the best logit is +-inf the row is decided greedily. The CPU and CUDA backends implement the
+    // op (CUDA for vocabularies up to 2^20); elsewhere the scheduler places it on the CPU.
     GGML_API struct ggml_tensor * ggml_pyqwen_sample(
             struct ggml_context * ctx,
             struct ggml_tensor  * logits,
