@@ -84,9 +84,12 @@ static struct ggml_tensor * deltanet_block(struct pq_ctx * ctx, struct ggml_cont
     struct ggml_tensor * out = ggml_gated_delta_net(c, q, k, v,
         ggml_reshape_4d(c, gate, 1, HV, n, 1), ggml_reshape_4d(c, beta, 1, HV, n, 1), state, 1);
     struct ggml_tensor * attn = ggml_view_3d(c, out, S, HV, n, S * es, S * HV * es, 0);
-    struct ggml_tensor * new_state = ggml_view_4d(c, out, S, S, HV, 1, S * es, S * S * es, S * S * HV * es,
-                                                  S * HV * n * es);
-    ggml_build_forward_expand(gf, ggml_cpy(c, new_state, state));
+    /* the new state (after the outputs) back into the context's: both as flat views of its D
+     * values, the form ggml-cuda fuses into the recurrence kernel, which then writes the state in
+     * place instead of into the output for a copy (2 MB per layer and token at the 9B shape) */
+    const int64_t D = S * S * HV;
+    ggml_build_forward_expand(gf, ggml_cpy(c, ggml_view_1d(c, out, D, S * HV * n * es),
+                                           ggml_view_3d(c, state, D, 1, 1, D * es, D * es, 0)));
 
     /* gated RMSNorm with z, then the output projection */
     struct ggml_tensor * o = ggml_mul(c, norm(c, attn, L->ssm_norm, hp->norm_eps),
