@@ -76,6 +76,50 @@ std::unique_ptr<ggml_cuda_pool> ggml_backend_cuda_context::new_pool_for_device(i
 
 // ---- harness ----
 
+// The layout on the device, checked here against the host relayout (gemv_il_relayout_tile) that
+// set_tensor runs; pyqwen itself relays out on the host.
+// Out-of-place re-layout of ntiles full tiles (src and dst do not overlap); one thread per word or scale.
+template <int type>
+static __global__ void gemv_il_relayout(const uint8_t * src, uint8_t * dst, const int64_t k, const int64_t ntiles, const bool inverse) {
+    constexpr int qwords = gemv_il_quant_bytes(type)/4;
+    constexpr int units_per_chunk = qwords + gemv_il_meta_bytes(type)/2;
+    const int64_t units_per_tile = k/GEMV_IL_CHUNK_K*units_per_chunk;
+    for (int64_t u = (int64_t) blockIdx.x*blockDim.x + threadIdx.x; u < ntiles*units_per_tile; u += (int64_t) gridDim.x*blockDim.x) {
+        const int64_t base = u / units_per_tile * gemv_il_tile_bytes(type, k);
+        const int     c    = (int) (u % units_per_tile / units_per_chunk);
+        const int     v    = (int) (u % units_per_chunk);
+        const bool    is_q = v < qwords;
+        const int64_t o    = is_q ? gemv_il_quant_src_offset(type, k, c, v) : gemv_il_meta_src_offset(type, k, c, v - qwords);
+        const int64_t il   = (int64_t) c*gemv_il_chunk_bytes(type) + (is_q ? 4*v : gemv_il_quant_bytes(type) + 2*(v - qwords));
+        const uint16_t * s = (const uint16_t *) (src + base + (inverse ? il : o));
+        uint16_t       * d = (uint16_t       *) (dst + base + (inverse ? o : il));
+        d[0] = s[0];
+        if (is_q) {
+            d[1] = s[1];
+        }
+    }
+}
+
+// In-place re-layout of a whole weight in device memory through `scratch` (at least one tile): each batch
+// of tiles is copied to scratch and permuted back into place. The partial last tile is not touched.
+static void gemv_il_relayout_inplace_cuda(const int type, uint8_t * data, const int64_t n, const int64_t k,
+                                          uint8_t * scratch, const size_t scratch_bytes, const bool inverse, cudaStream_t stream) {
+    const int64_t tile_bytes = gemv_il_tile_bytes(type, k);
+    const int64_t ntiles     = n / GEMV_IL_TILE_ROWS;
+    const int64_t per_batch  = (int64_t) scratch_bytes / tile_bytes;
+    GGML_ASSERT(per_batch >= 1);
+    for (int64_t t0 = 0; t0 < ntiles; t0 += per_batch) {
+        const int64_t nt = std::min(per_batch, ntiles - t0);
+        CUDA_CHECK(cudaMemcpyAsync(scratch, data + t0*tile_bytes, nt*tile_bytes, cudaMemcpyDeviceToDevice, stream));
+        const int nblocks = (int) std::min<int64_t>(4096, (nt*tile_bytes/4 + 255)/256);
+        gemv_il_dispatch(type, [&](auto t) {
+            gemv_il_relayout<decltype(t)::value><<<nblocks, 256, 0, stream>>>(scratch, data + t0*tile_bytes, k, nt, inverse);
+        });
+        CUDA_CHECK(cudaGetLastError());
+    }
+}
+
+
 static const char * type_name(int type) {
     const char * names[] = {"q4_0", "q8_0", "q4_k", "q6_k"};  // by gemv_il_type
     return names[type];
