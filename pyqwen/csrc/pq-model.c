@@ -303,10 +303,6 @@ static int init_backends(struct pq_model * m, const pq_model_params * p) {
     m->n_gpu_layers = 0;
 #ifdef PYQWEN_WITH_CUDA
     if (p->n_gpu_layers != 0 && ggml_backend_cuda_get_device_count() > 0) {
-        /* Programmatic dependent launch (Hopper on) races in pyqwen's decode graphs: replayed one-token
-         * passes of a Q8_0 model gave logits off by 2-3 (bench/RESULTS.md, 2026-11-30). Off unless the
-         * user asks for it; ggml reads the variable at its first kernel launch. */
-        setenv("GGML_CUDA_PDL", "0", 0);
         m->backend_gpu = ggml_backend_cuda_init(0);
         if (!m->backend_gpu) return pq_fail("could not initialise the CUDA backend on device 0");
         m->n_gpu_layers = p->n_gpu_layers < 0 || p->n_gpu_layers > m->hp.n_layer ? m->hp.n_layer : p->n_gpu_layers;
