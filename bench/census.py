@@ -2,12 +2,14 @@
 
     ncu --clock-control none --cache-control none --profile-from-start off \\
         --metrics gpu__time_duration.sum,launch__grid_size --csv --page raw --log-file K.csv \\
-        python3 bench/census.py run MODEL.gguf [--depth 512] [--tokens 8]
+        python3 bench/census.py run MODEL.gguf [--depth 512] [--tokens 8] [--rows M]
     python3 bench/census.py table K.csv --tokens 8 [--wall-us W] [--by-grid]
 
 `run` fills the context with --depth random tokens, times --tokens greedy decode steps with no
 profiler attached to them (printed as wall µs per token), then decodes --tokens more between
-cudaProfilerStart and cudaProfilerStop, so ncu sees exactly those steps' kernels. ncu runs the
+cudaProfilerStart and cudaProfilerStop, so ncu sees exactly those steps' kernels. With --rows M
+each step is instead a pass of M random rows returning the last row's logits (the verify shape that
+bench/step_cost.py times), and `table --tokens` counts passes. ncu runs the
 kernels one at a time and leaves the clocks and the L2 alone (as METHOD.md asks), so the sum of
 kernel times is the GPU's busy time without overlap, and wall minus that sum is what the launches
 and dependencies between kernels cost. `table` sums the CSV by kernel per token; with --by-grid, by
@@ -39,14 +41,18 @@ def run(a) -> int:
     from pyqwen._native import NativeContext, NativeModel, Sampling
 
     model = NativeModel(a.model, n_gpu_layers=99, n_threads=None, verbose=False)
-    ctx = NativeContext(model, n_ctx=a.depth + 4 * a.tokens + 16, n_batch=512, type_k="f16", type_v="f16")
+    ctx = NativeContext(model, n_ctx=a.depth + 3 * a.tokens * max(a.rows, 1) + 16, n_batch=512, type_k="f16", type_v="f16")
     rng = np.random.default_rng(0)
     greedy = Sampling(temperature=0.0, repeat_penalty=1.0).to_c()
     no_stop = np.empty(0, dtype=np.int32)
     uniforms = np.zeros(a.tokens, dtype=np.float32)
 
     def decode():
-        ctx.generate(int(rng.integers(0, model.info.n_vocab)), a.tokens, greedy, no_stop, uniforms, no_stop)
+        if a.rows:  # passes of M rows returning the last row's logits, as bench/step_cost.py times them
+            for _ in range(a.tokens):
+                ctx.eval(rng.integers(0, model.info.n_vocab, size=a.rows), logits="last")
+        else:
+            ctx.generate(int(rng.integers(0, model.info.n_vocab)), a.tokens, greedy, no_stop, uniforms, no_stop)
 
     start, stop = _cuda_profiler()
     try:
@@ -54,8 +60,9 @@ def run(a) -> int:
         decode()  # graph build and CUDA graph capture
         t0 = time.perf_counter()
         decode()
-        print(f"census: wall {1e6 * (time.perf_counter() - t0) / a.tokens:.1f} us per token "
-              f"(depth {a.depth}, {a.tokens} tokens, no profiler)")
+        unit = f"pass of {a.rows} rows" if a.rows else "token"
+        print(f"census: wall {1e6 * (time.perf_counter() - t0) / a.tokens:.1f} us per {unit} "
+              f"(depth {a.depth}, {a.tokens} steps, no profiler)")
         start()
         decode()
         stop()
@@ -119,7 +126,8 @@ def main() -> int:
     r = sub.add_parser("run", help="decode under ncu")
     r.add_argument("model")
     r.add_argument("--depth", type=int, default=512)
-    r.add_argument("--tokens", type=int, default=8)
+    r.add_argument("--tokens", type=int, default=8, help="decode steps (passes, with --rows) timed, then profiled")
+    r.add_argument("--rows", type=int, default=0, help="time passes of this many rows (ctx.eval) instead of greedy decode")
     t = sub.add_parser("table", help="sum ncu's CSV per kernel and token")
     t.add_argument("csv")
     t.add_argument("--tokens", type=int, default=8)
