@@ -14,12 +14,13 @@ using ggml_cuda_mul_mat_fn = void (*)(ggml_backend_cuda_context & ctx, const ggm
 
 // dst = src0 x src1 for an owned src0: up to 24 token rows of src1 on the GEMV, 8 per launch; a
 // prefill-sized src1 goes to `upstream` slab by slab, each slab of src0's rows de-interleaved into one
-// pool buffer of at most GEMV_IL_SLAB_BYTES, so a prefill holds no whole copy of any weight.
+// pool buffer of at most PYQWEN_GEMV_SLAB_MIB (16 MiB), so a prefill holds no whole copy of any weight.
 void ggml_cuda_mul_mat_gemv_il(ggml_backend_cuda_context & ctx, const ggml_tensor * src0, const ggml_tensor * src1, ggml_tensor * dst,
                                ggml_cuda_mul_mat_fn upstream);
 
-// Fuses the graph nodes from i on into one interleaved GEMV with a prologue (RMS_NORM -> MUL -> MUL_MAT,
-// SWIGLU -> MUL_MAT) when they match; returns how many nodes after i it consumed, 0 for no fusion.
+// Fuses the graph nodes from i on into one interleaved GEMV with a prologue (the input norms, SwiGLU, the
+// gated norm) and/or an epilogue (residual ADD, ARGMAX) when they match; returns how many nodes after i
+// it consumed, 0 for no fusion.
 int ggml_cuda_gemv_il_try_fuse(ggml_backend_cuda_context & ctx, const ggml_cgraph * cgraph, int i);
 
 bool ggml_backend_buft_is_cuda_gemv_il(ggml_backend_buffer_type_t buft);
