@@ -161,6 +161,7 @@ struct pq_ctx {
 
     /* host scratch */
     uint16_t * mask_buf;     /* ggml_fp16_t */
+    uint16_t * seen_buf;     /* n_batch fp16 zeros: kv_seen of the cells a pass writes */
     int32_t  * pos_buf;
     int64_t  * idx_buf;
     int32_t    history_buf[PQ_HISTORY];
