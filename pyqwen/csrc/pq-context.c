@@ -69,6 +69,22 @@ static void free_graph(struct pq_graph * g) {
     memset(g, 0, sizeof(*g));
 }
 
+/* With every layer on the GPU, a pass's inputs are read there: pinned to the GPU, they are written by
+ * set_input's queued copies, where the scheduler would keep them in host memory and copy each to the
+ * GPU with a blocking copy at every pass. The sampler's follow the output layer. */
+static void pin_inputs(struct pq_ctx * ctx, const struct pq_graph * g) {
+    const struct pq_model * m = ctx->model;
+    if (!m->backend_gpu || m->n_gpu_layers < m->hp.n_layer) return;
+    struct ggml_tensor * layer_inputs[] = { g->inp_embd, g->inp_pos, g->inp_kv_idx, g->inp_mask };
+    for (size_t i = 0; i < sizeof(layer_inputs) / sizeof(layer_inputs[0]); ++i) {
+        if (layer_inputs[i]) ggml_backend_sched_set_tensor_backend(ctx->sched, layer_inputs[i], m->backend_gpu);
+    }
+    if (m->output_on_gpu && g->inp_sampler) {
+        ggml_backend_sched_set_tensor_backend(ctx->sched, g->inp_sampler, m->backend_gpu);
+        ggml_backend_sched_set_tensor_backend(ctx->sched, g->inp_history, m->backend_gpu);
+    }
+}
+
 /* The graph for this shape, allocated and ready to run: the current one when the shape is the
  * same, else a new one (see struct pq_ctx). */
 static struct pq_graph * get_graph(struct pq_ctx * ctx, int32_t n_tokens, int32_t n_kv, int32_t out_mode) {
@@ -80,6 +96,7 @@ static struct pq_graph * get_graph(struct pq_ctx * ctx, int32_t n_tokens, int32_
     g->out_mode = out_mode;
     g->gf = pq_build_graph(ctx, g);
     ggml_backend_sched_reset(ctx->sched);
+    if (g->gf) pin_inputs(ctx, g);
     if (!g->gf || !ggml_backend_sched_alloc_graph(ctx->sched, g->gf)) {
         free_graph(g);
         pq_fail("could not build and allocate the compute graph");
@@ -104,9 +121,10 @@ int pq_ctx_new(pq_model * model, const pq_ctx_params * params, pq_ctx ** out) {
     ctx->params.n_batch = nb;
     ctx->mask_buf = malloc(sizeof(uint16_t) * (size_t) kv_span(params->n_ctx) * nb);
     ctx->seen_buf = calloc((size_t) nb, sizeof(uint16_t));
+    ctx->embd_buf = malloc(sizeof(float) * (size_t) model->hp.n_embd * PQ_HOST_EMBD_TOKENS);
     ctx->pos_buf = malloc(sizeof(int32_t) * nb);
     ctx->idx_buf = malloc(sizeof(int64_t) * nb);
-    if (!ctx->mask_buf || !ctx->seen_buf || !ctx->pos_buf || !ctx->idx_buf || alloc_state(ctx)) goto fail;
+    if (!ctx->mask_buf || !ctx->seen_buf || !ctx->embd_buf || !ctx->pos_buf || !ctx->idx_buf || alloc_state(ctx)) goto fail;
 
     ggml_backend_t backends[2];
     int n_backends = 0;
@@ -121,6 +139,7 @@ int pq_ctx_new(pq_model * model, const pq_ctx_params * params, pq_ctx ** out) {
     g->n_kv = kv_span(params->n_ctx);
     g->out_mode = PQ_OUT_ALL;
     g->gf = pq_build_graph(ctx, g);
+    if (g->gf) pin_inputs(ctx, g);
     const bool reserved = g->gf && ggml_backend_sched_reserve(ctx->sched, g->gf);
     free_graph(g);  /* reserving split it: it cannot be allocated again */
     if (!reserved) { pq_fail("could not reserve compute buffers (out of memory?)"); goto fail; }
@@ -142,6 +161,7 @@ void pq_ctx_free(pq_ctx * ctx) {
     if (ctx->ctx_state_gpu) ggml_free(ctx->ctx_state_gpu);
     free(ctx->mask_buf);
     free(ctx->seen_buf);
+    free(ctx->embd_buf);
     free(ctx->pos_buf);
     free(ctx->idx_buf);
     free(ctx);
@@ -177,6 +197,22 @@ static void set_input(const struct pq_ctx * ctx, struct ggml_tensor * t, const v
     }
 }
 
+/* The embedding rows of tokens into embd_buf, as the graph's lookup would gather them. */
+static void embed_rows(struct pq_ctx * ctx, const int32_t * tokens, int32_t n) {
+    const struct ggml_tensor * e = ctx->model->tok_embd;   /* always in host memory (pq-model.c) */
+    const int64_t n_embd = e->ne[0];
+    const ggml_to_float_t to_float = ggml_get_type_traits(e->type)->to_float;
+    for (int32_t i = 0; i < n; ++i) {
+        const char * row = (const char *) e->data + (size_t) tokens[i] * e->nb[1];
+        float * dst = ctx->embd_buf + (size_t) i * n_embd;
+        if (e->type == GGML_TYPE_F32) {
+            memcpy(dst, row, sizeof(float) * (size_t) n_embd);
+        } else {
+            to_float(row, dst, n_embd);
+        }
+    }
+}
+
 /* One forward pass of n tokens (n <= n_batch) at the current position. */
 static int run_pass(struct pq_ctx * ctx, const int32_t * tokens, int32_t n, int32_t out_mode, void * out) {
     const int64_t t_start = ggml_time_us();
@@ -192,7 +228,12 @@ static int run_pass(struct pq_ctx * ctx, const int32_t * tokens, int32_t n, int3
         /* causal: row i sees cells 0 ..= n_past + i */
         if (g->inp_mask) mask_row(ctx->mask_buf + (size_t) i * n_kv, n_past + i + 1, n_kv);
     }
-    set_input(ctx, g->inp_tokens, tokens, 0, sizeof(int32_t) * n);
+    if (g->inp_embd) {
+        embed_rows(ctx, tokens, n);
+        set_input(ctx, g->inp_embd, ctx->embd_buf, 0, ggml_nbytes(g->inp_embd));
+    } else {
+        set_input(ctx, g->inp_tokens, tokens, 0, sizeof(int32_t) * n);
+    }
     set_input(ctx, g->inp_pos, ctx->pos_buf, 0, sizeof(int32_t) * n);
     set_input(ctx, g->inp_kv_idx, ctx->idx_buf, 0, sizeof(int64_t) * n);
     if (g->inp_mask) set_input(ctx, g->inp_mask, ctx->mask_buf, 0, sizeof(uint16_t) * (size_t) n * n_kv);
