@@ -69,6 +69,22 @@ static void free_graph(struct pq_graph * g) {
     memset(g, 0, sizeof(*g));
 }
 
+/* With every layer on the GPU, a pass's inputs are read there: pinned to the GPU, they are written by
+ * set_input's queued copies, where the scheduler would keep them in host memory and copy each to the
+ * GPU with a blocking copy at every pass. The sampler's follow the output layer. */
+static void pin_inputs(struct pq_ctx * ctx, const struct pq_graph * g) {
+    const struct pq_model * m = ctx->model;
+    if (!m->backend_gpu || m->n_gpu_layers < m->hp.n_layer) return;
+    struct ggml_tensor * layer_inputs[] = { g->inp_embd, g->inp_pos, g->inp_kv_idx, g->inp_mask };
+    for (size_t i = 0; i < sizeof(layer_inputs) / sizeof(layer_inputs[0]); ++i) {
+        if (layer_inputs[i]) ggml_backend_sched_set_tensor_backend(ctx->sched, layer_inputs[i], m->backend_gpu);
+    }
+    if (m->output_on_gpu && g->inp_sampler) {
+        ggml_backend_sched_set_tensor_backend(ctx->sched, g->inp_sampler, m->backend_gpu);
+        ggml_backend_sched_set_tensor_backend(ctx->sched, g->inp_history, m->backend_gpu);
+    }
+}
+
 /* The graph for this shape, allocated and ready to run: the current one when the shape is the
  * same, else a new one (see struct pq_ctx). */
 static struct pq_graph * get_graph(struct pq_ctx * ctx, int32_t n_tokens, int32_t n_kv, int32_t out_mode) {
@@ -80,6 +96,7 @@ static struct pq_graph * get_graph(struct pq_ctx * ctx, int32_t n_tokens, int32_
     g->out_mode = out_mode;
     g->gf = pq_build_graph(ctx, g);
     ggml_backend_sched_reset(ctx->sched);
+    if (g->gf) pin_inputs(ctx, g);
     if (!g->gf || !ggml_backend_sched_alloc_graph(ctx->sched, g->gf)) {
         free_graph(g);
         pq_fail("could not build and allocate the compute graph");
@@ -103,9 +120,11 @@ int pq_ctx_new(pq_model * model, const pq_ctx_params * params, pq_ctx ** out) {
     const int32_t nb = params->n_batch < params->n_ctx ? params->n_batch : params->n_ctx;
     ctx->params.n_batch = nb;
     ctx->mask_buf = malloc(sizeof(uint16_t) * (size_t) kv_span(params->n_ctx) * nb);
+    ctx->seen_buf = calloc((size_t) nb, sizeof(uint16_t));
+    ctx->embd_buf = malloc(sizeof(float) * (size_t) model->hp.n_embd * PQ_HOST_EMBD_TOKENS);
     ctx->pos_buf = malloc(sizeof(int32_t) * nb);
     ctx->idx_buf = malloc(sizeof(int64_t) * nb);
-    if (!ctx->mask_buf || !ctx->pos_buf || !ctx->idx_buf || alloc_state(ctx)) goto fail;
+    if (!ctx->mask_buf || !ctx->seen_buf || !ctx->embd_buf || !ctx->pos_buf || !ctx->idx_buf || alloc_state(ctx)) goto fail;
 
     ggml_backend_t backends[2];
     int n_backends = 0;
@@ -120,6 +139,7 @@ int pq_ctx_new(pq_model * model, const pq_ctx_params * params, pq_ctx ** out) {
     g->n_kv = kv_span(params->n_ctx);
     g->out_mode = PQ_OUT_ALL;
     g->gf = pq_build_graph(ctx, g);
+    if (g->gf) pin_inputs(ctx, g);
     const bool reserved = g->gf && ggml_backend_sched_reserve(ctx->sched, g->gf);
     free_graph(g);  /* reserving split it: it cannot be allocated again */
     if (!reserved) { pq_fail("could not reserve compute buffers (out of memory?)"); goto fail; }
@@ -140,6 +160,8 @@ void pq_ctx_free(pq_ctx * ctx) {
     if (ctx->ctx_state_cpu) ggml_free(ctx->ctx_state_cpu);
     if (ctx->ctx_state_gpu) ggml_free(ctx->ctx_state_gpu);
     free(ctx->mask_buf);
+    free(ctx->seen_buf);
+    free(ctx->embd_buf);
     free(ctx->pos_buf);
     free(ctx->idx_buf);
     free(ctx);
@@ -159,6 +181,38 @@ int64_t pq_ctx_memory_bytes(const pq_ctx * ctx) {
     return total;
 }
 
+static bool on_gpu(const struct pq_ctx * ctx, const struct ggml_tensor * t) {
+    const ggml_backend_buffer_t buf = t->view_src ? t->view_src->buffer : t->buffer;
+    return ctx->model->backend_gpu && !ggml_backend_buffer_is_host(buf);
+}
+
+/* A pass's inputs go to the GPU as copies queued on its stream ahead of the graph, not as blocking
+ * copies, each a round trip to the device while it idles between passes. CUDA stages pageable host
+ * data when the copy is queued, so the host buffers are free again at once. */
+static void set_input(const struct pq_ctx * ctx, struct ggml_tensor * t, const void * data, size_t offset, size_t size) {
+    if (on_gpu(ctx, t)) {
+        ggml_backend_tensor_set_async(ctx->model->backend_gpu, t, data, offset, size);
+    } else {
+        ggml_backend_tensor_set(t, data, offset, size);
+    }
+}
+
+/* The embedding rows of tokens into embd_buf, as the graph's lookup would gather them. */
+static void embed_rows(struct pq_ctx * ctx, const int32_t * tokens, int32_t n) {
+    const struct ggml_tensor * e = ctx->model->tok_embd;   /* always in host memory (pq-model.c) */
+    const int64_t n_embd = e->ne[0];
+    const ggml_to_float_t to_float = ggml_get_type_traits(e->type)->to_float;
+    for (int32_t i = 0; i < n; ++i) {
+        const char * row = (const char *) e->data + (size_t) tokens[i] * e->nb[1];
+        float * dst = ctx->embd_buf + (size_t) i * n_embd;
+        if (e->type == GGML_TYPE_F32) {
+            memcpy(dst, row, sizeof(float) * (size_t) n_embd);
+        } else {
+            to_float(row, dst, n_embd);
+        }
+    }
+}
+
 /* One forward pass of n tokens (n <= n_batch) at the current position. */
 static int run_pass(struct pq_ctx * ctx, const int32_t * tokens, int32_t n, int32_t out_mode, void * out) {
     const int64_t t_start = ggml_time_us();
@@ -167,29 +221,37 @@ static int run_pass(struct pq_ctx * ctx, const int32_t * tokens, int32_t n, int3
     struct pq_graph * g = get_graph(ctx, n, n_kv, out_mode);
     if (!g) return -1;
     /* the cells this pass writes become visible in kv_seen (0 is fp16 zero's bit pattern) */
-    ggml_backend_tensor_memset(ctx->kv_seen, 0, sizeof(ggml_fp16_t) * (size_t) n_past, sizeof(ggml_fp16_t) * (size_t) n);
+    set_input(ctx, ctx->kv_seen, ctx->seen_buf, sizeof(ggml_fp16_t) * (size_t) n_past, sizeof(ggml_fp16_t) * (size_t) n);
     for (int32_t i = 0; i < n; ++i) {
         ctx->pos_buf[i] = n_past + i;
         ctx->idx_buf[i] = n_past + i;
         /* causal: row i sees cells 0 ..= n_past + i */
         if (g->inp_mask) mask_row(ctx->mask_buf + (size_t) i * n_kv, n_past + i + 1, n_kv);
     }
-    ggml_backend_tensor_set(g->inp_tokens, tokens, 0, sizeof(int32_t) * n);
-    ggml_backend_tensor_set(g->inp_pos, ctx->pos_buf, 0, sizeof(int32_t) * n);
-    ggml_backend_tensor_set(g->inp_kv_idx, ctx->idx_buf, 0, sizeof(int64_t) * n);
-    if (g->inp_mask) ggml_backend_tensor_set(g->inp_mask, ctx->mask_buf, 0, sizeof(uint16_t) * (size_t) n * n_kv);
+    if (g->inp_embd) {
+        embed_rows(ctx, tokens, n);
+        set_input(ctx, g->inp_embd, ctx->embd_buf, 0, ggml_nbytes(g->inp_embd));
+    } else {
+        set_input(ctx, g->inp_tokens, tokens, 0, sizeof(int32_t) * n);
+    }
+    set_input(ctx, g->inp_pos, ctx->pos_buf, 0, sizeof(int32_t) * n);
+    set_input(ctx, g->inp_kv_idx, ctx->idx_buf, 0, sizeof(int64_t) * n);
+    if (g->inp_mask) set_input(ctx, g->inp_mask, ctx->mask_buf, 0, sizeof(uint16_t) * (size_t) n * n_kv);
     if (g->out_mode == PQ_OUT_SAMPLE) {
-        ggml_backend_tensor_set(g->inp_sampler, ctx->sampler_buf, 0, sizeof(ctx->sampler_buf));
-        ggml_backend_tensor_set(g->inp_history, ctx->history_buf, 0, sizeof(ctx->history_buf));
+        set_input(ctx, g->inp_sampler, ctx->sampler_buf, 0, sizeof(ctx->sampler_buf));
+        set_input(ctx, g->inp_history, ctx->history_buf, 0, sizeof(ctx->history_buf));
     }
     if (ggml_backend_sched_graph_compute_async(ctx->sched, g->gf) != GGML_STATUS_SUCCESS) {
         return pq_fail("the backend failed to compute the graph");
     }
     const int64_t t_wait = ggml_time_us();
+    /* an output on the GPU is read by a copy queued after the pass: one wait instead of two */
+    const bool out_async = out && on_gpu(ctx, g->out);
+    if (out_async) ggml_backend_tensor_get_async(ctx->model->backend_gpu, g->out, out, 0, ggml_nbytes(g->out));
     ggml_backend_sched_synchronize(ctx->sched);
     const int64_t t_done = ggml_time_us();
     ctx->n_past += n;
-    if (out) ggml_backend_tensor_get(g->out, out, 0, ggml_nbytes(g->out));
+    if (out && !out_async) ggml_backend_tensor_get(g->out, out, 0, ggml_nbytes(g->out));
     ctx->timings.n_passes += 1;
     ctx->timings.wait_us += t_done - t_wait;
     ctx->timings.host_us += (t_wait - t_start) + (ggml_time_us() - t_done);

@@ -164,18 +164,22 @@ struct ggml_cgraph * pq_build_graph(struct pq_ctx * ctx, struct pq_graph * g) {
     g->ctx = c;
     struct ggml_cgraph * gf = ggml_new_graph_custom(c, PQ_GRAPH_SIZE, false);
 
-    g->inp_tokens = ggml_new_tensor_1d(c, GGML_TYPE_I32, n);
+    /* A short pass (decode, draft verification) gets its token embeddings from the host (run_pass
+     * dequantizes the rows): the table stays in host memory, so a lookup in the graph would be a CPU
+     * split of its own and a blocking copy of its rows to the GPU. */
+    g->inp_embd   = n <= PQ_HOST_EMBD_TOKENS ? ggml_new_tensor_2d(c, GGML_TYPE_F32, hp->n_embd, n) : NULL;
+    g->inp_tokens = g->inp_embd ? NULL : ggml_new_tensor_1d(c, GGML_TYPE_I32, n);
     g->inp_pos    = ggml_new_tensor_1d(c, GGML_TYPE_I32, n);
     g->inp_kv_idx = ggml_new_tensor_1d(c, GGML_TYPE_I64, n);
     /* one token sees every cell written so far: the context's kv_seen row; more see a causal mask */
     g->inp_mask   = n > 1 ? ggml_new_tensor_2d(c, GGML_TYPE_F16, g->n_kv, n) : NULL;
     g->mask       = g->inp_mask ? g->inp_mask : ggml_view_1d(c, ctx->kv_seen, g->n_kv, 0);
-    ggml_set_input(g->inp_tokens);
+    ggml_set_input(g->inp_embd ? g->inp_embd : g->inp_tokens);
     ggml_set_input(g->inp_pos);
     ggml_set_input(g->inp_kv_idx);
     if (g->inp_mask) ggml_set_input(g->inp_mask);
 
-    struct ggml_tensor * x = ggml_get_rows(c, m->tok_embd, g->inp_tokens);      /* [E, n] */
+    struct ggml_tensor * x = g->inp_embd ? g->inp_embd : ggml_get_rows(c, m->tok_embd, g->inp_tokens); /* [E, n] */
     for (int il = 0; il < hp->n_layer; ++il) {
         const struct pq_layer * L = &m->layers[il];
         struct ggml_tensor * h = norm(c, x, L->attn_norm, hp->norm_eps);
