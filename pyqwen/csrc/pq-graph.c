@@ -50,6 +50,9 @@ static struct ggml_tensor * deltanet_block(struct pq_ctx * ctx, struct ggml_cont
         beta  = pq_linear(m, c, L->w_beta, h);
         alpha = pq_linear(m, c, L->w_alpha, h);
     }
+    /* z's node (a CONT in passes of several rows) goes here, not between the gated norm's MUL and
+     * its SiLU, where it would break the gated-norm prologue fusion of ssm_out (ggml-cuda) */
+    ggml_build_forward_expand(gf, z);
     struct ggml_tensor * conv_state = ctx->conv_state[il];                      /* [K1, C] */
     const size_t es = sizeof(float);
     struct ggml_tensor * q, * k, * v, * gate;
