@@ -187,6 +187,7 @@ def run(a) -> int:
     gpu, driver = gpu_info()
     date = datetime.date.today().isoformat()
     rows = []
+    jsonl = open(out / "side_by_side.jsonl", "w")  # row by row, so a run cut off by a time limit keeps its rows
     for model, wtype, path in models:
         for tests, is_mem in ((a.tests, False), (MEM_TEST, True)):
             flags = ["-m", str(path), "-ngl", "99", "-fa", "1", *shlex.split(tests), "-o", "jsonl"]
@@ -207,10 +208,10 @@ def run(a) -> int:
                 if is_mem:
                     row.update(pyqwen_gpu_mib=our_mib, upstream_gpu_mib=their_mib, n_ctx=32768)
                 rows.append(row)
+                jsonl.write(json.dumps(row) + "\n")
+                jsonl.flush()
                 log(f"{model} {wtype} {key[0]}: pyqwen {row['pyqwen_tps']} t/s, upstream {row['upstream_tps']} t/s")
-    with open(out / "side_by_side.jsonl", "w") as f:
-        for row in rows:
-            f.write(json.dumps(row) + "\n")
+    jsonl.close()
     print(markdown(rows))
     log(f"done ({time.time() - t0:.0f} s)")
     return 0
