@@ -69,12 +69,14 @@ static void free_graph(struct pq_graph * g) {
     memset(g, 0, sizeof(*g));
 }
 
-/* With every layer on the GPU, a pass's inputs are read there: pinned to the GPU, they are written by
- * set_input's queued copies, where the scheduler would keep them in host memory and copy each to the
- * GPU with a blocking copy at every pass. The sampler's follow the output layer. */
+/* With every layer on the GPU, a short pass's inputs are read there: pinned to the GPU, they are
+ * written by set_input's queued copies, where the scheduler would keep them in host memory and copy
+ * each to the GPU with a blocking copy at every pass. The sampler's follow the output layer. Long
+ * passes keep the scheduler's copies: a pinned input holds its memory for the whole graph, and the
+ * prefill mask (32 MiB at n_ctx 32768) would then no longer share it with the logits. */
 static void pin_inputs(struct pq_ctx * ctx, const struct pq_graph * g) {
     const struct pq_model * m = ctx->model;
-    if (!m->backend_gpu || m->n_gpu_layers < m->hp.n_layer) return;
+    if (!m->backend_gpu || m->n_gpu_layers < m->hp.n_layer || g->n_tokens > PQ_SHORT_PASS_TOKENS) return;
     struct ggml_tensor * layer_inputs[] = { g->inp_embd, g->inp_pos, g->inp_kv_idx, g->inp_mask };
     for (size_t i = 0; i < sizeof(layer_inputs) / sizeof(layer_inputs[0]); ++i) {
         if (layer_inputs[i]) ggml_backend_sched_set_tensor_backend(ctx->sched, layer_inputs[i], m->backend_gpu);
@@ -121,7 +123,7 @@ int pq_ctx_new(pq_model * model, const pq_ctx_params * params, pq_ctx ** out) {
     ctx->params.n_batch = nb;
     ctx->mask_buf = malloc(sizeof(uint16_t) * (size_t) kv_span(params->n_ctx) * nb);
     ctx->seen_buf = calloc((size_t) nb, sizeof(uint16_t));
-    ctx->embd_buf = malloc(sizeof(float) * (size_t) model->hp.n_embd * PQ_HOST_EMBD_TOKENS);
+    ctx->embd_buf = malloc(sizeof(float) * (size_t) model->hp.n_embd * PQ_SHORT_PASS_TOKENS);
     ctx->pos_buf = malloc(sizeof(int32_t) * nb);
     ctx->idx_buf = malloc(sizeof(int64_t) * nb);
     if (!ctx->mask_buf || !ctx->seen_buf || !ctx->embd_buf || !ctx->pos_buf || !ctx->idx_buf || alloc_state(ctx)) goto fail;

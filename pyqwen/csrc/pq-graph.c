@@ -170,7 +170,7 @@ struct ggml_cgraph * pq_build_graph(struct pq_ctx * ctx, struct pq_graph * g) {
     /* A short pass (decode, draft verification) gets its token embeddings from the host (run_pass
      * dequantizes the rows): the table stays in host memory, so a lookup in the graph would be a CPU
      * split of its own and a blocking copy of its rows to the GPU. */
-    g->inp_embd   = n <= PQ_HOST_EMBD_TOKENS ? ggml_new_tensor_2d(c, GGML_TYPE_F32, hp->n_embd, n) : NULL;
+    g->inp_embd   = n <= PQ_SHORT_PASS_TOKENS ? ggml_new_tensor_2d(c, GGML_TYPE_F32, hp->n_embd, n) : NULL;
     g->inp_tokens = g->inp_embd ? NULL : ggml_new_tensor_1d(c, GGML_TYPE_I32, n);
     g->inp_pos    = ggml_new_tensor_1d(c, GGML_TYPE_I32, n);
     g->inp_kv_idx = ggml_new_tensor_1d(c, GGML_TYPE_I64, n);

@@ -16,7 +16,7 @@
 #define PQ_MAX_LAYERS 256
 #define PQ_KV_PAD     256        /* attention spans the cache in steps of this many cells */
 #define PQ_HISTORY    256        /* most previous tokens the in-graph repetition penalty sees */
-#define PQ_HOST_EMBD_TOKENS 8    /* passes this short take their token embeddings from the host */
+#define PQ_SHORT_PASS_TOKENS 8   /* decode and draft verification: host embeddings, inputs pinned to the GPU */
 
 /* Sets the thread-local error message; returns -1 so callers can `return pq_fail(...)`. */
 int pq_fail(const char * fmt, ...);
@@ -124,7 +124,7 @@ struct pq_graph {
     struct ggml_context * ctx;
     struct ggml_cgraph  * gf;
     struct ggml_tensor  * inp_tokens;   /* I32 [n_tokens]; NULL where inp_embd is set */
-    struct ggml_tensor  * inp_embd;     /* F32 [n_embd, n_tokens], passes of <= PQ_HOST_EMBD_TOKENS; else NULL */
+    struct ggml_tensor  * inp_embd;     /* F32 [n_embd, n_tokens], passes of <= PQ_SHORT_PASS_TOKENS; else NULL */
     struct ggml_tensor  * inp_pos;      /* I32 [n_tokens] */
     struct ggml_tensor  * inp_kv_idx;   /* I64 [n_tokens], cache cells written */
     struct ggml_tensor  * inp_mask;     /* F16 [n_kv, n_tokens]; NULL for one token */
@@ -164,7 +164,7 @@ struct pq_ctx {
     /* host scratch */
     uint16_t * mask_buf;     /* ggml_fp16_t */
     uint16_t * seen_buf;     /* n_batch fp16 zeros: kv_seen of the cells a pass writes */
-    float    * embd_buf;     /* PQ_HOST_EMBD_TOKENS rows of n_embd */
+    float    * embd_buf;     /* PQ_SHORT_PASS_TOKENS rows of n_embd */
     int32_t  * pos_buf;
     int64_t  * idx_buf;
     int32_t    history_buf[PQ_HISTORY];
