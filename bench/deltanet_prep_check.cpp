@@ -1,8 +1,8 @@
 // GGML_OP_PYQWEN_DELTANET_PREP (ggml-patches, include/ggml-pyqwen.h) on a CUDA device against ggml's
-// CPU backend, through ggml's public API, for passes of 1..8 tokens: its inputs are views of one
+// CPU backend, through ggml's public API, for passes of 1..17 tokens: its inputs are views of one
 // stacked projection output (strided rows, as pyqwen's graph passes them), the output is poisoned
 // with NaN before the run, and the conv state it advances in place must come back bit for bit.
-// Shapes: the 9B model's (16 k heads, 32 v heads of 128), a tiny test model's and one between.
+// Shapes: the 9B model's (16 k heads, 32 v heads of 128), a tiny test model's, one between and an odd one.
 // Built and run by bench/cuda_ops_check.sh; exit code non-zero on any failure.
 #include "ggml.h"
 #include "ggml-alloc.h"
@@ -68,10 +68,11 @@ int main() {
     std::mt19937 rng(std::random_device{}());
     std::normal_distribution<float> nd;
     int passed = 0, failed = 0;
-    const prep_shape shapes[] = { {16, 32, 128, 3}, {1, 4, 16, 3}, {2, 6, 64, 3} };
+    // the last: a head that is not a whole number of warps, a conv kernel of 6
+    const prep_shape shapes[] = { {16, 32, 128, 3}, {1, 4, 16, 3}, {2, 6, 64, 3}, {3, 5, 40, 5} };
     for (const prep_shape & s : shapes) {
         const int64_t C = (int64_t) (2*s.hk + s.hv)*s.S, W = C + (int64_t) s.hv*s.S + 2*s.hv;
-        for (int n : {1, 2, 3, 5, 8}) {
+        for (int n : {1, 2, 3, 5, 8, 9, 17}) { // 9 and 17: the CUDA kernel's token groups of 8
             const auto randn = [&](size_t count, float scale) {
                 std::vector<float> v(count);
                 for (float & x : v) x = scale*nd(rng);
@@ -93,7 +94,7 @@ int main() {
             // the same float steps; the CUDA build's fast-math exp and a float (CPU: double) norm sum differ by ulps
             const bool ok = finite && same_state && err < 1e-4;
             (ok ? passed : failed)++;
-            printf("hk=%2d hv=%2d S=%3d n=%d  max rel err vs CPU %.2e  conv state %s  %s\n", s.hk, s.hv, s.S, n, err,
+            printf("hk=%2d hv=%2d S=%3d k1=%d n=%2d  max rel err vs CPU %.2e  conv state %s  %s\n", s.hk, s.hv, s.S, s.k1, n, err,
                    same_state ? "same bits" : "DIFFERENT", ok ? "ok" : "FAIL");
         }
     }
