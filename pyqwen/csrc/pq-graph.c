@@ -35,8 +35,9 @@ static struct ggml_tensor * deltanet_block(struct pq_ctx * ctx, struct ggml_cont
     const int64_t S = hp->ssm_d_state, HK = hp->ssm_n_k_heads, HV = hp->ssm_n_v_heads;
     const int64_t C = pq_conv_channels(hp), K1 = hp->conv_kernel - 1;
 
-    /* decode and draft-verify passes: one op for the conv step, SiLU, q/k norms, decay and beta */
-    const bool prep = n <= PQ_DELTANET_PREP_MAX_TOKENS;
+    /* decode and draft-verify passes: one op for the conv step, SiLU, q/k norms, decay and beta (its
+     * CUDA kernel keeps a head's channels and conv state in registers: the limits of every Qwen3.x) */
+    const bool prep = n <= PQ_DELTANET_PREP_MAX_TOKENS && S <= 512 && K1 <= 7;
     struct ggml_tensor * qkv, * z, * beta, * alpha;                              /* [C | HV*S | HV | HV, n] */
     if (L->in_proj) {
         struct ggml_tensor * y = pq_linear(m, c, L->in_proj, h);
