@@ -7,9 +7,11 @@
 // some starting inside the partial last tile. Some row counts add a residual to the product (ADD(R,
 // MUL_MAT), which the GEMV fuses into its output; the prefill path does not), some take RMS_NORM(x) * w
 // (the norm prologue of the activation quantization), and decode-sized ones also run as ARGMAX(MUL_MAT),
-// which the GEMV computes without writing the product. ggml's CPU backend is printed alongside: its K-quant
-// products round the activations per 256 values (Q8_K), the GPU kernels per 32, so it sits ~1e-2 away
-// on those types whichever GPU kernel runs. Exit code non-zero on any failure.
+// which the GEMV computes without writing the product. Chains of a residual product and the next
+// block's input norm and projection check the sums of squares the first leaves for the second. ggml's
+// CPU backend is printed alongside: its K-quant products round the activations per 256 values (Q8_K),
+// the GPU kernels per 32, so it sits ~1e-2 away on those types whichever GPU kernel runs. Exit code
+// non-zero on any failure.
 // Built and run by bench/cuda_ops_check.sh.
 #include "ggml.h"
 #include "ggml-alloc.h"
@@ -29,6 +31,11 @@ struct around {
     std::vector<float> norm;   // k floats: the product takes RMS_NORM(x) * norm (the input norms)
     std::vector<float> res;    // m x n floats: ADD(res, product) (the residual stream)
     bool               argmax = false; // ARGMAX over each token's products (greedy decoding)
+    // the next block's input norm and projection over the result, which the GEMV feeds its sums of
+    // squares: the output is then W2 . (RMS_NORM(result) * norm2), n2 x m
+    const std::vector<uint8_t> * w2 = nullptr;
+    int                          n2 = 0;
+    std::vector<float>           norm2;
 };
 constexpr float NORM_EPS = 1e-6f;
 
@@ -38,15 +45,18 @@ constexpr float NORM_EPS = 1e-6f;
 static std::vector<float> mul_mat(ggml_backend_t backend, ggml_backend_buffer_type_t wbuft, ggml_type type,
                                   const std::vector<uint8_t> & w, const std::vector<float> & x, int k, int n, int m,
                                   const around & a, std::vector<uint8_t> * w_back, bool pieces) {
-    ggml_init_params ip = { 10*ggml_tensor_overhead() + ggml_graph_overhead(), nullptr, true };
+    ggml_init_params ip = { 16*ggml_tensor_overhead() + ggml_graph_overhead(), nullptr, true };
     ggml_context * cw = ggml_init(ip), * cx = ggml_init(ip);
     ggml_tensor * W = ggml_new_tensor_2d(cw, type, k, n);
     ggml_tensor * X = ggml_new_tensor_2d(cx, GGML_TYPE_F32, k, m);
     ggml_tensor * N = a.norm.empty() ? nullptr : ggml_new_tensor_1d(cx, GGML_TYPE_F32, k);
     ggml_tensor * R = a.res.empty() ? nullptr : ggml_new_tensor_2d(cx, GGML_TYPE_F32, n, m);
+    ggml_tensor * W2 = a.w2 ? ggml_new_tensor_2d(cw, type, n, a.n2) : nullptr;
+    ggml_tensor * N2 = a.w2 ? ggml_new_tensor_1d(cx, GGML_TYPE_F32, n) : nullptr;
     ggml_tensor * Y = ggml_mul_mat(cx, W, N ? ggml_mul(cx, ggml_rms_norm(cx, X, NORM_EPS), N) : X);
     if (R) Y = ggml_add(cx, R, Y);
     if (a.argmax) Y = ggml_argmax(cx, Y);
+    if (W2) Y = ggml_mul_mat(cx, W2, ggml_mul(cx, ggml_rms_norm(cx, Y, NORM_EPS), N2));
     ggml_backend_buffer_t bw = ggml_backend_alloc_ctx_tensors_from_buft(cw, wbuft);
     ggml_backend_buffer_set_usage(bw, GGML_BACKEND_BUFFER_USAGE_WEIGHTS);
     ggml_backend_buffer_t bx = ggml_backend_alloc_ctx_tensors(cx, backend);
@@ -61,6 +71,8 @@ static std::vector<float> mul_mat(ggml_backend_t backend, ggml_backend_buffer_ty
     } else {
         ggml_backend_tensor_set(W, w.data(), 0, w.size());
     }
+    if (W2) ggml_backend_tensor_set(W2, a.w2->data(), 0, a.w2->size());
+    if (N2) ggml_backend_tensor_set(N2, a.norm2.data(), 0, a.norm2.size()*sizeof(float));
     ggml_backend_tensor_set(X, x.data(), 0, x.size()*sizeof(float));
     if (N) ggml_backend_tensor_set(N, a.norm.data(), 0, a.norm.size()*sizeof(float));
     if (R) ggml_backend_tensor_set(R, a.res.data(), 0, a.res.size()*sizeof(float));
@@ -74,7 +86,7 @@ static std::vector<float> mul_mat(ggml_backend_t backend, ggml_backend_buffer_ty
         if (!ggml_backend_supports_op(backend, ggml_graph_node(gf, i))) { fprintf(stderr, "%s unsupported\n", ggml_op_desc(ggml_graph_node(gf, i))); std::exit(2); }
     }
     ggml_backend_graph_compute(backend, gf);
-    std::vector<float> y(a.argmax ? (size_t) m : (size_t) n*m);
+    std::vector<float> y(a.argmax ? (size_t) m : (size_t) (W2 ? a.n2 : n)*m);
     if (a.argmax) {
         std::vector<int32_t> rows(m);
         ggml_backend_tensor_get(Y, rows.data(), 0, rows.size()*sizeof(int32_t));
@@ -178,6 +190,50 @@ int main() {
                     (same ? passed : failed)++;
                     printf("%-5s k=%5d n=%5d m=%2d              ARGMAX fused: %s\n", ggml_type_name(type), k, n, m, same ? "same rows  ok" : "DIFFERENT ROWS  FAIL");
                 }
+            }
+        }
+    }
+    // A residual product whose result the next block's input norm reads: the GEMV leaves the result's sums
+    // of squares for the norm's quantization (decode-sized rows); n = 256 is 16 tiles, 4096 is 256
+    const int chains[][3] = { {512, 256, 200}, {1024, 4096, 200} }; // k, n, n2
+    for (ggml_type type : types) {
+        for (const auto & c : chains) {
+            const int k = c[0], n = c[1], n2 = c[2];
+            const auto quantized = [&](int cols, int rows, std::vector<float> & deq) {
+                std::vector<float> f((size_t) cols*rows);
+                for (float & v : f) v = nd(rng);
+                std::vector<uint8_t> q(ggml_row_size(type, cols)*rows);
+                ggml_quantize_chunk(type, f.data(), q.data(), 0, rows, cols, nullptr);
+                deq.resize(f.size());
+                ggml_get_type_traits(type)->to_float(q.data(), deq.data(), (int64_t) cols*rows);
+                return q;
+            };
+            std::vector<float> wd, wd2;
+            const std::vector<uint8_t> w = quantized(k, n, wd), w2 = quantized(n, n2, wd2);
+            for (int m : {1, 3, 8, 13}) {
+                around a;
+                std::vector<float> x((size_t) k*m);
+                for (float & v : x) v = 4.0f*nd(rng);
+                a.res.resize((size_t) n*m);
+                for (float & v : a.res) v = 8.0f*nd(rng);
+                a.w2 = &w2;
+                a.n2 = n2;
+                a.norm2.resize(n);
+                for (float & v : a.norm2) v = 1.0f + 0.5f*nd(rng);
+                const std::vector<float> y  = mul_mat(gpu, ggml_backend_cuda_gemv_il_buffer_type(0), type, w, x, k, n, m, a, nullptr, true);
+                const std::vector<float> yu = mul_mat(gpu, ggml_backend_cuda_buffer_type(0), type, w, x, k, n, m, a, nullptr, false);
+                // float64 through both products
+                const std::vector<double> y1 = exact_product(wd, x, k, n, m, a);
+                around a2;
+                a2.norm = a.norm2;
+                const std::vector<double> exact = exact_product(wd2, std::vector<float>(y1.begin(), y1.end()), n, n2, m, a2);
+                bool finite = true;
+                for (float v : y) finite = finite && std::isfinite(v);
+                const double e = rel_l2(y, exact), eu = rel_l2(yu, exact);
+                const bool ok = finite && e <= 1.5*eu + 1e-6;
+                (ok ? passed : failed)++;
+                printf("%-5s k=%5d n=%5d m=%2d  +res, then norm and n2=%d: rel_l2 vs exact: ours %.2e  upstream CUDA %.2e  %s\n",
+                       ggml_type_name(type), k, n, m, n2, e, eu, ok ? "ok" : "FAIL");
             }
         }
     }

@@ -106,9 +106,10 @@ static decltype(&gemv_il_quantize<GEMV_IL_PLAIN>) gemv_il_quantize_kernel(const 
 
 // dst = W x prologue(x) (+ res) for m token rows of x (row stride stride_x floats), 8 rows per launch pair.
 // With `argmax` (I32, m elements) dst is not written: argmax gets the row of each token's largest product.
+// With `sums` (m <= 8) the GEMV also leaves its outputs' sums of squares there (gemv_il_epilogue::sums).
 static void gemv_il_launch(ggml_backend_cuda_context & ctx, const ggml_tensor * src0, const float * x, const int64_t stride_x,
                            const int64_t m, const gemv_il_prologue prologue, gemv_il_prologue_args p, ggml_tensor * dst,
-                           const ggml_tensor * res = nullptr, ggml_tensor * argmax = nullptr) {
+                           const ggml_tensor * res = nullptr, ggml_tensor * argmax = nullptr, float * sums = nullptr) {
     const int type = gemv_il_type(src0->type);
     const int64_t k = src0->ne[0], n = src0->ne[1];
     const int nwarps = gemv_il_nwarps(ctx.device, type, n, k);
@@ -121,6 +122,8 @@ static void gemv_il_launch(ggml_backend_cuda_context & ctx, const ggml_tensor * 
     }
     gemv_il_epilogue ep;
     ep.stride_res = res ? res->nb[1]/sizeof(float) : 0;
+    GGML_ASSERT(!sums || m <= GEMV_IL_MAX_TOKENS);
+    ep.sums = sums;
     const float * z = p.z;
     for (int64_t m0 = 0; m0 < m; m0 += GEMV_IL_MAX_TOKENS) {
         const int mm = (int) std::min<int64_t>(GEMV_IL_MAX_TOKENS, m - m0);
@@ -238,6 +241,50 @@ static bool gemv_il_is_norm_weight(const ggml_tensor * w, const int64_t n) {
     return w->type == GGML_TYPE_F32 && ggml_is_contiguous(w) && w->ne[0] == n && ggml_nrows(w) == 1;
 }
 
+// The product mm takes the prologue's input x: f32 rows of x_cols.
+static bool gemv_il_fits(const ggml_tensor * mm, const ggml_tensor * x, const int64_t x_cols) {
+    return gemv_il_takes(mm, mm->src[1]->ne[1]) &&
+           x->type == GGML_TYPE_F32 && x->nb[0] == sizeof(float) && x->ne[0] == x_cols && x->ne[2] == 1 && x->ne[3] == 1;
+}
+
+// An input norm at node i, RMS_NORM -> MUL (row vector) -> MUL_MAT by an interleaved weight, which the
+// activation quantization computes (GEMV_IL_RMS_NORM): fills the norm's part of p.
+static bool gemv_il_input_norm(const ggml_cgraph * cgraph, const int i, gemv_il_prologue_args & p) {
+    const ggml_tensor * node = cgraph->nodes[i];
+    if (node->op != GGML_OP_RMS_NORM || !ggml_can_fuse_subgraph(cgraph, i, { GGML_OP_RMS_NORM, GGML_OP_MUL, GGML_OP_MUL_MAT }, { i + 2 })) {
+        return false;
+    }
+    const ggml_tensor * mul = cgraph->nodes[i + 1], * mm = cgraph->nodes[i + 2], * x = node->src[0];
+    const ggml_tensor * w = mul->src[0] == node ? mul->src[1] : mul->src[0];
+    if (mm->src[1] != mul || !gemv_il_fits(mm, x, mm->src[0]->ne[0]) || !ggml_are_same_shape(mul, node) || !gemv_il_is_norm_weight(w, x->ne[0])) {
+        return false;
+    }
+    p.w = (const float *) w->data;
+    memcpy(&p.eps, node->op_params, sizeof(float));
+    return true;
+}
+
+// A residual GEMV whose output an input norm reads next also leaves that output's sums of squares by
+// tile of 16 rows, and the norm's quantization sums 256 of those a row (of 4096) where each of its CTAs
+// would read the whole rows again: at 8 rows that re-reading cost more than the rest of the quantization
+// (bench/RESULTS.md, the 1- and 8-row census). The sums live in the pool from the one node to the next,
+// one set at a time per thread (a graph is computed in order on one thread).
+struct gemv_il_pending_sums {
+    const ggml_tensor * x      = nullptr; // the residual ADD whose rows they sum
+    ggml_cuda_pool    * pool   = nullptr;
+    float             * sums   = nullptr; // sums[tok*ntiles + tile]
+    size_t              size   = 0;
+    int                 ntiles = 0;
+
+    void release() {
+        if (sums) {
+            pool->free(sums, size);
+        }
+        *this = {};
+    }
+};
+static thread_local gemv_il_pending_sums gemv_il_sums;
+
 // Epilogue fusions, when the product's only reader is the next node: an ADD of a residual of its shape
 // (the residual stream after a block's output projection), which the GEMV adds as it writes the ADD's
 // result; or an ARGMAX over its rows (greedy decoding over the logits), which it computes in place of
@@ -281,7 +328,19 @@ static int gemv_il_launch_fused(ggml_backend_cuda_context & ctx, const ggml_cgra
     const ggml_tensor * res = nullptr;
     const int i_add = gemv_il_residual_add(cgraph, i_mm, &res);
     if (i_add >= 0) {
-        gemv_il_launch(ctx, mm->src[0], x, stride_x, m, prologue, p, cgraph->nodes[i_add], res);
+        ggml_tensor * add = cgraph->nodes[i_add];
+        const int i_norm = gemv_il_next_op(cgraph, i_add + 1);
+        gemv_il_prologue_args next;
+        float * sums = nullptr;
+        if (m <= GEMV_IL_MAX_TOKENS && i_norm < cgraph->n_nodes && cgraph->nodes[i_norm]->src[0] == add &&
+            gemv_il_input_norm(cgraph, i_norm, next)) {
+            gemv_il_sums.release();
+            const int ntiles = (int) ((add->ne[0] + GEMV_IL_TILE_ROWS - 1)/GEMV_IL_TILE_ROWS);
+            size_t size = 0;
+            sums = (float *) ctx.pool().alloc(m*ntiles*sizeof(float), &size);
+            gemv_il_sums = { add, &ctx.pool(), sums, size, ntiles };
+        }
+        gemv_il_launch(ctx, mm->src[0], x, stride_x, m, prologue, p, add, res, nullptr, sums);
         return i_add;
     }
     const int i_am = gemv_il_argmax(cgraph, i_mm);
@@ -299,19 +358,21 @@ static int gemv_il_launch_fused(ggml_backend_cuda_context & ctx, const ggml_cgra
 // epilogue fusion (residual ADD, ARGMAX), as may a plain MUL_MAT. Returns the nodes computed after node i.
 int ggml_cuda_gemv_il_try_fuse(ggml_backend_cuda_context & ctx, const ggml_cgraph * cgraph, const int i) {
     const ggml_tensor * node = cgraph->nodes[i];
-    const auto fits = [](const ggml_tensor * mm, const ggml_tensor * x, const int64_t x_cols) {
-        return gemv_il_takes(mm, mm->src[1]->ne[1]) &&
-               x->type == GGML_TYPE_F32 && x->nb[0] == sizeof(float) && x->ne[0] == x_cols && x->ne[2] == 1 && x->ne[3] == 1;
-    };
-    if (node->op == GGML_OP_RMS_NORM && ggml_can_fuse_subgraph(cgraph, i, { GGML_OP_RMS_NORM, GGML_OP_MUL, GGML_OP_MUL_MAT }, { i + 2 })) {
-        const ggml_tensor * mul = cgraph->nodes[i + 1], * mm = cgraph->nodes[i + 2], * x = node->src[0];
-        const ggml_tensor * w = mul->src[0] == node ? mul->src[1] : mul->src[0];
-        if (mm->src[1] == mul && fits(mm, x, mm->src[0]->ne[0]) && ggml_are_same_shape(mul, node) && gemv_il_is_norm_weight(w, x->ne[0])) {
-            gemv_il_prologue_args p;
-            p.w = (const float *) w->data;
-            memcpy(&p.eps, node->op_params, sizeof(float));
-            return gemv_il_launch_fused(ctx, cgraph, i + 2, (const float *) x->data, x->nb[1]/sizeof(float), x->ne[1], GEMV_IL_RMS_NORM, p) - i;
+    gemv_il_prologue_args p;
+    if (gemv_il_input_norm(cgraph, i, p)) {
+        const ggml_tensor * x = node->src[0];
+        gemv_il_pending_sums mine;
+        if (gemv_il_sums.x == x) {
+            std::swap(mine, gemv_il_sums);
+            p.sums   = mine.sums;
+            p.ntiles = mine.ntiles;
         }
+        const int done = gemv_il_launch_fused(ctx, cgraph, i + 2, (const float *) x->data, x->nb[1]/sizeof(float), x->ne[1], GEMV_IL_RMS_NORM, p) - i;
+        mine.release();
+        return done;
+    }
+    if (!gemv_il_is_noop(node)) { // sums nobody claimed (the norm was not the next node after all)
+        gemv_il_sums.release();
     }
     if (node->op == GGML_OP_RMS_NORM && i + 1 < cgraph->n_nodes && cgraph->nodes[i + 1]->op == GGML_OP_MUL) {
         // the gated norm: x [head, n_heads, m] per head, times w [head], times silu(z) of x's shape
@@ -353,12 +414,12 @@ int ggml_cuda_gemv_il_try_fuse(ggml_backend_cuda_context & ctx, const ggml_cgrap
     if (node->op == GGML_OP_GLU && ggml_get_glu_op(node) == GGML_GLU_OP_SWIGLU && node->src[1] == nullptr &&
         ggml_get_op_params_i32(node, 1) == 0 && ggml_can_fuse_subgraph(cgraph, i, { GGML_OP_GLU, GGML_OP_MUL_MAT }, { i + 1 })) {
         const ggml_tensor * mm = cgraph->nodes[i + 1], * x = node->src[0];
-        if (mm->src[1] == node && fits(mm, x, 2*mm->src[0]->ne[0])) {
+        if (mm->src[1] == node && gemv_il_fits(mm, x, 2*mm->src[0]->ne[0])) {
             return gemv_il_launch_fused(ctx, cgraph, i + 1, (const float *) x->data, x->nb[1]/sizeof(float), x->ne[1], GEMV_IL_SWIGLU, {}) - i;
         }
     }
     const ggml_tensor * res = nullptr;
-    if (node->op == GGML_OP_MUL_MAT && fits(node, node->src[1], node->src[0]->ne[0]) &&
+    if (node->op == GGML_OP_MUL_MAT && gemv_il_fits(node, node->src[1], node->src[0]->ne[0]) &&
         (gemv_il_residual_add(cgraph, i, &res) >= 0 || gemv_il_argmax(cgraph, i) >= 0)) {
         const ggml_tensor * x = node->src[1];
         return gemv_il_launch_fused(ctx, cgraph, i, (const float *) x->data, x->nb[1]/sizeof(float), x->ne[1], GEMV_IL_PLAIN, {}) - i;

@@ -248,6 +248,8 @@ struct gemv_il_epilogue {
     const float        * res        = nullptr; // adds res[tok*stride_res + row] (a residual ADD; may alias dst)
     int64_t              stride_res = 0;
     unsigned long long * argmax     = nullptr; // instead of storing: atomicMax of gemv_il_argmax_key per token
+    float              * sums       = nullptr; // also: each token's sum of squares of the tile's stored outputs
+                                               // at sums[tok*gridDim.x + tile], for the RMS norm that reads them next
 };
 
 // Orders (value, row) as ggml's ARGMAX picks: the larger value, then the lower row. Keys start at 0.
@@ -318,6 +320,7 @@ gemv_il_mul_mat(const uint8_t * w, const uint8_t * xq, const float * xs, float *
 
     __shared__ float partial[GEMV_IL_MAX_WARPS][WARP_SIZE*4];
     __shared__ unsigned long long best[GEMV_IL_MAX_TOKENS];
+    __shared__ float squares[GEMV_IL_TILE_ROWS][GEMV_IL_MAX_TOKENS];
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
         partial[warp][lane*4 + i] = acc[i];
@@ -335,13 +338,27 @@ gemv_il_mul_mat(const uint8_t * w, const uint8_t * xq, const float * xs, float *
         // e = 4*lane' + i holds C element i of lane' = 4g + t: row g + 8*(i/2), token 2t + i%2
         const int l = e / 4, i = e % 4;
         const int row = (l / 4) + 8*(i / 2), tok = 2*(l % 4) + i % 2;
+        float v = 0.0f;
         if (tok < m && row < nrows) {
-            const float v = sum*gemv_il_out_scale(type) + (ep.res ? ep.res[tok*ep.stride_res + row0 + row] : 0.0f);
+            v = sum*gemv_il_out_scale(type) + (ep.res ? ep.res[tok*ep.stride_res + row0 + row] : 0.0f);
             if (ep.argmax) {
                 atomicMax(&best[tok], gemv_il_argmax_key(v, row0 + row));
             } else {
                 dst[tok*stride_dst + row0 + row] = v;
             }
+        }
+        if (ep.sums) {
+            squares[row][tok] = v*v;
+        }
+    }
+    if (ep.sums) { // uniform over the CTA; the rows in a fixed order, so a replay gives the same bits
+        __syncthreads();
+        if ((int) threadIdx.x < m) {
+            float ss = 0.0f;
+            for (int row = 0; row < GEMV_IL_TILE_ROWS; ++row) {
+                ss += squares[row][threadIdx.x];
+            }
+            ep.sums[threadIdx.x*gridDim.x + blockIdx.x] = ss;
         }
     }
     if (ep.argmax) { // uniform over the CTA
@@ -368,6 +385,8 @@ struct gemv_il_prologue_args {
     const float * z        = nullptr; // GATED_NORM: the gate, z[tok*stride_z + i]
     int64_t       stride_z = 0;
     int           head     = 0;       // GATED_NORM: elements per normalized run
+    const float * sums     = nullptr; // RMS_NORM: x's sums of squares by tile of 16, from the GEMV that wrote x
+    int           ntiles   = 0;       //   (gemv_il_epilogue::sums), sums[tok*ntiles + tile]
 };
 
 // sum(x[i]^2, i < n) over one warp (every lane gets it); n a multiple of 32. Rows 16-byte aligned with
@@ -389,6 +408,30 @@ static __device__ __forceinline__ float gemv_il_warp_sum_squares(const float * x
         }
     }
     return warp_reduce_sum(ss);
+}
+
+// ss[t] = the sum of every thread's acc[t] over the CTA's 8 warps, for t < m; then a barrier.
+static __device__ __forceinline__ void gemv_il_cta_reduce(float (&acc)[GEMV_IL_MAX_TOKENS], const int m,
+                                                          float (*partial)[GEMV_IL_MAX_TOKENS], float * ss) {
+    const int w = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
+#pragma unroll
+    for (int t = 0; t < GEMV_IL_MAX_TOKENS; ++t) {
+        if (t < m) { // uniform
+            acc[t] = warp_reduce_sum(acc[t]);
+            if (lane == 0) {
+                partial[t][w] = acc[t];
+            }
+        }
+    }
+    __syncthreads();
+    if (threadIdx.x < m) {
+        float sum = 0.0f;
+        for (int i = 0; i < GEMV_IL_MAX_TOKENS; ++i) {
+            sum += partial[threadIdx.x][i];
+        }
+        ss[threadIdx.x] = sum;
+    }
+    __syncthreads();
 }
 
 // sum(x[t*stride_x + i]^2, i < k) for the m rows t of x, by the CTA's 8 warps: warp w sums the w-th
@@ -421,24 +464,24 @@ static __device__ __forceinline__ void gemv_il_cta_sum_squares(const float * x, 
             }
         }
     }
+    gemv_il_cta_reduce(acc, m, partial, ss);
+}
+
+// ss[t] = the sum of sums[t*ntiles + i] over the tiles i, for the m rows t (a residual GEMV's sums of
+// squares, gemv_il_epilogue::sums): a few floats a thread where summing the squares again reads the
+// whole rows. Every thread of the CTA must call it.
+static __device__ __forceinline__ void gemv_il_cta_sum_tiles(const float * sums, const int ntiles, const int m,
+                                                             float (*partial)[GEMV_IL_MAX_TOKENS], float * ss) {
+    float acc[GEMV_IL_MAX_TOKENS] = {};
+    for (int i = threadIdx.x; i < ntiles; i += blockDim.x) {
 #pragma unroll
-    for (int t = 0; t < GEMV_IL_MAX_TOKENS; ++t) {
-        if (t < m) { // uniform
-            acc[t] = warp_reduce_sum(acc[t]);
-            if (lane == 0) {
-                partial[t][w] = acc[t];
+        for (int t = 0; t < GEMV_IL_MAX_TOKENS; ++t) {
+            if (t < m) {
+                acc[t] += sums[t*ntiles + i];
             }
         }
     }
-    __syncthreads();
-    if (threadIdx.x < m) {
-        float sum = 0.0f;
-        for (int i = 0; i < GEMV_IL_MAX_TOKENS; ++i) {
-            sum += partial[threadIdx.x][i];
-        }
-        ss[threadIdx.x] = sum;
-    }
-    __syncthreads();
+    gemv_il_cta_reduce(acc, m, partial, ss);
 }
 
 // grid (k/32), block 256 = 8 warps = the 8 token rows (rows >= m are written as zeros). x[tok*stride_x + i];
@@ -461,7 +504,11 @@ gemv_il_quantize(const float * x, const int64_t stride_x, const int m, uint8_t *
     __shared__ float ss[GEMV_IL_MAX_TOKENS];
     if constexpr (prologue == GEMV_IL_RMS_NORM) {
         __shared__ float partial[GEMV_IL_MAX_TOKENS][GEMV_IL_MAX_TOKENS];
-        gemv_il_cta_sum_squares(x, stride_x, m, k, partial, ss);
+        if (p.sums) {
+            gemv_il_cta_sum_tiles(p.sums, p.ntiles, m, partial, ss);
+        } else {
+            gemv_il_cta_sum_squares(x, stride_x, m, k, partial, ss);
+        }
     }
     float v = 0.0f;
     if (tok < m) { // one token per warp: the branch and the warp reductions are uniform
