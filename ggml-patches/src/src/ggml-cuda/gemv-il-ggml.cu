@@ -268,9 +268,11 @@ static bool gemv_il_input_norm(const ggml_cgraph * cgraph, const int i, gemv_il_
 // tile of 16 rows, and the norm's quantization sums 256 of those a row (of 4096) where each of its CTAs
 // would read the whole rows again: at 8 rows that re-reading cost more than the rest of the quantization
 // (bench/RESULTS.md, the 1- and 8-row census). The sums live in the pool from the one node to the next,
-// one set at a time per thread (a graph is computed in order on one thread).
+// one set at a time per thread (a graph is computed in order on one thread), and are read on the stream
+// that wrote them (GGML_CUDA_GRAPH_OPT may run branches of a graph on streams of their own).
 struct gemv_il_pending_sums {
     const ggml_tensor * x      = nullptr; // the residual ADD whose rows they sum
+    cudaStream_t        stream = nullptr;
     ggml_cuda_pool    * pool   = nullptr;
     float             * sums   = nullptr; // sums[tok*ntiles + tile]
     size_t              size   = 0;
@@ -338,7 +340,7 @@ static int gemv_il_launch_fused(ggml_backend_cuda_context & ctx, const ggml_cgra
             const int ntiles = (int) ((add->ne[0] + GEMV_IL_TILE_ROWS - 1)/GEMV_IL_TILE_ROWS);
             size_t size = 0;
             sums = (float *) ctx.pool().alloc(m*ntiles*sizeof(float), &size);
-            gemv_il_sums = { add, &ctx.pool(), sums, size, ntiles };
+            gemv_il_sums = { add, ctx.stream(), &ctx.pool(), sums, size, ntiles };
         }
         gemv_il_launch(ctx, mm->src[0], x, stride_x, m, prologue, p, add, res, nullptr, sums);
         return i_add;
@@ -362,7 +364,7 @@ int ggml_cuda_gemv_il_try_fuse(ggml_backend_cuda_context & ctx, const ggml_cgrap
     if (gemv_il_input_norm(cgraph, i, p)) {
         const ggml_tensor * x = node->src[0];
         gemv_il_pending_sums mine;
-        if (gemv_il_sums.x == x) {
+        if (gemv_il_sums.x == x && gemv_il_sums.stream == ctx.stream()) {
             std::swap(mine, gemv_il_sums);
             p.sums   = mine.sums;
             p.ntiles = mine.ntiles;
