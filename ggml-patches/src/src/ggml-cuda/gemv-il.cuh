@@ -24,6 +24,7 @@
 #include "common.cuh"
 #include "mma.cuh"
 #include "gemv-il-layout.h"
+#include "pyqwen-float-key.cuh"
 
 #include <type_traits>
 
@@ -252,11 +253,10 @@ struct gemv_il_epilogue {
                                                // at sums[tok*gridDim.x + tile], for the RMS norm that reads them next
 };
 
-// Orders (value, row) as ggml's ARGMAX picks: the larger value, then the lower row. Keys start at 0.
+// Orders (value, row) as ggml's ARGMAX picks: the larger value, then the lower row; NaN never wins over
+// a number. Keys start at 0.
 static __device__ __forceinline__ unsigned long long gemv_il_argmax_key(const float v, const int row) {
-    const uint32_t u = __float_as_uint(v);
-    const uint32_t o = u & 0x80000000u ? ~u : u | 0x80000000u;
-    return (unsigned long long) o << 32 | (0xFFFFFFFFu - (uint32_t) row);
+    return (unsigned long long) pyqwen_float_key(v) << 32 | (0xFFFFFFFFu - (uint32_t) row);
 }
 
 // The row of each token's key.

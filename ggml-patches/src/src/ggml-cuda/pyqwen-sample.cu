@@ -14,6 +14,7 @@
 #include "pyqwen-sample.cuh"
 
 #include "ggml-pyqwen.h"
+#include "pyqwen-float-key.cuh"
 
 #include <cfloat>
 #include <cstdint>
@@ -34,19 +35,7 @@ static __device__ __forceinline__ pqs_u64 pqs_min(const pqs_u64 a, const pqs_u64
     return a < b ? a : b;
 }
 
-// Order-preserving key of a logit: larger logit, larger key. NaN gets 0, below -inf, so it is never
-// chosen; -0 becomes +0 so that the two tie, as in float comparisons.
-static __device__ __forceinline__ uint32_t pqs_key(const float x) {
-    uint32_t u = __float_as_uint(x);
-    if ((u & 0x7fffffffu) > 0x7f800000u) {
-        return 0;
-    }
-    if ((u & 0x7fffffffu) == 0) {
-        u = 0;
-    }
-    return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
-}
-
+// The logit of a key (pyqwen_float_key) other than NaN's.
 static __device__ __forceinline__ float pqs_logit(const uint32_t key) {
     return __uint_as_float((key & 0x80000000u) ? (key & 0x7fffffffu) : ~key);
 }
@@ -109,7 +98,7 @@ static __device__ uint32_t pqs_min_p_key(const uint32_t kbest, const double lmax
         return kbest + 1;
     }
     const double guess = lmax + log(floor_p);  // within an ulp or two of the answer
-    uint32_t key = guess > -FLT_MAX ? min(pqs_key((float) guess), kbest) : PQS_KEY_NEG_INF + 1;
+    uint32_t key = guess > -FLT_MAX ? min(pyqwen_float_key((float) guess), kbest) : PQS_KEY_NEG_INF + 1;
     while (key < kbest && !passes(key)) {
         key++;
     }
@@ -235,7 +224,7 @@ static __global__ void __launch_bounds__(PQS_THREADS) pyqwen_sample_f32(
         sh.best = 0;
     }
     for (int i = tid; i < n_vocab; i += PQS_THREADS) {
-        keys[i] = pqs_key(l[i]);
+        keys[i] = pyqwen_float_key(l[i]);
     }
     if (penalty != 1.0f) {
         __syncthreads();
@@ -248,7 +237,7 @@ static __global__ void __launch_bounds__(PQS_THREADS) pyqwen_sample_f32(
             }
             if (first) {
                 const double x = l[t];
-                keys[t] = pqs_key((float) (l[t] > 0.0f ? x / penalty : x * penalty));
+                keys[t] = pyqwen_float_key((float) (l[t] > 0.0f ? x / penalty : x * penalty));
             }
         }
     }
