@@ -7,12 +7,9 @@ import numpy as np
 import pytest
 
 from pyqwen._cffi import ffi, lib
+from pyqwen._native import _error as err
 
 EPS = 1e-6
-
-
-def err() -> str:
-    return ffi.string(lib.pq_last_error()).decode()
 
 
 def reference(y, beta_col, alpha_col, state, w, dt_bias, a, hk, hv, S):

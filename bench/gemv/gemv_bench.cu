@@ -119,7 +119,6 @@ static void gemv_il_relayout_inplace_cuda(const int type, uint8_t * data, const 
     }
 }
 
-
 static const char * type_name(int type) {
     const char * names[] = {"q4_0", "q8_0", "q4_k", "q6_k"};  // by gemv_il_type
     return names[type];
@@ -417,7 +416,7 @@ static void run_shape(int type, const shape & sh, uint64_t seed, cudaStream_t st
 // arena (4.7 GB, far beyond the L2). The bytes are not a real layout: the kernels' time does not
 // depend on them. What a token's GEMVs cost against the read ceiling, launch gaps and tails included
 // (the census of bench/census.py has the same kernels inside the model); GGML_CUDA_PDL=0 in the
-// environment turns programmatic dependent launch off, as pyqwen does by default.
+// environment turns programmatic dependent launch off (pyqwen keeps it on for these kernels).
 static void run_token(int type, double ceil_gbs, cudaStream_t st) {
     struct gemv { int type, k, n; size_t at; };
     std::vector<gemv> seq;
