@@ -3,7 +3,7 @@
 # (without flash attention, which the checks do not use) and the checks, then runs them:
 #   bench/gemv/gemv_il_ggml_check.cpp  the interleaved GEMV: CUDA_IL round trip, MUL_MAT against float64
 #                                      and upstream's CUDA kernels
-#   bench/deltanet_prep_check.cpp      GGML_OP_PYQWEN_DELTANET_PREP for 1..8 tokens against ggml's CPU backend
+#   bench/deltanet_prep_check.cpp      GGML_OP_PYQWEN_DELTANET_PREP for 1..17 tokens against ggml's CPU backend
 # ggml is a subdirectory of a small wrapper project, as in pyqwen's own build: the sdist's ggml tree
 # lacks what a standalone ggml build configures (tests, examples, ggml.pc.in).
 # Needs the extracted, patched tree (python3 vendor/prepare_ggml.py, or carry vendor/ggml).

@@ -67,7 +67,7 @@ pyqwen_deltanet_prep_kernel(
     const int nwarps = (int) blockDim.x / WARP_SIZE;
     for (int tok0 = 0; tok0 < n; tok0 += PQD_GROUP) {
         const int nt = min(PQD_GROUP, n - tok0);
-        float y[2][PQD_GROUP];
+        float y[2][PQD_GROUP] = {}; // zeros in inactive threads: they add nothing to the norms (and UB otherwise)
         if (active) {
 #pragma unroll
             for (int c = 0; c < 2; ++c) {
@@ -93,8 +93,7 @@ pyqwen_deltanet_prep_kernel(
 #pragma unroll
         for (int j = 0; j < PQD_GROUP; ++j) {
             if (j < nt) { // uniform
-                float2 ss = active ? make_float2(y[0][j]*y[0][j], y[1][j]*y[1][j]) : make_float2(0.0f, 0.0f);
-                ss = warp_reduce_sum(ss);
+                const float2 ss = warp_reduce_sum(make_float2(y[0][j]*y[0][j], y[1][j]*y[1][j]));
                 if (t % WARP_SIZE == 0) {
                     partial[j][t / WARP_SIZE] = ss;
                 }
