@@ -136,10 +136,7 @@ static void launch_quantize(const float * x, int k, int m, uint8_t * xq, float *
                             x, (int64_t) k, m, xq, xs, gemv_il_prologue_args{});
 }
 
-// The kernel variants built here: (type, register stages S). S = GEMV_BENCH_S is the default.
-#ifndef GEMV_BENCH_S
-#define GEMV_BENCH_S 1
-#endif
+// The kernel variants built here: (type, register stages S); gemv_il_stages(type) is pyqwen's choice.
 using gemv_kernel_t = void (*)(const uint8_t *, const uint8_t *, const float *, float *, int, int, int, int64_t, gemv_il_epilogue);
 static gemv_kernel_t gemv_kernel(int type, int s) {
     return gemv_il_dispatch(type, [s](auto t) -> gemv_kernel_t {
@@ -156,7 +153,7 @@ static void launch_gemv(int type, int u, const uint8_t * w, const uint8_t * xq, 
 static int pick_nwarps(int type, int64_t n, int64_t k) {
     return gemv_il_pick_nwarps(n, k, g_prop.multiProcessorCount, [type](int nw) {
         int c = 0;
-        CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&c, gemv_kernel(type, GEMV_BENCH_S), nw*WARP_SIZE, 0));
+        CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&c, gemv_kernel(type, gemv_il_stages(type)), nw*WARP_SIZE, 0));
         return c;
     });
 }
@@ -328,7 +325,7 @@ static void run_shape(int type, const shape & sh, uint64_t seed, cudaStream_t st
         // every variant and K split at m = 1 and 8, the default one at every m
         for (int u : gemv_stages) {
             for (int nw = 1; nw <= GEMV_IL_MAX_WARPS; nw *= 2) {
-                const bool deflt = u == GEMV_BENCH_S && nw == nw_auto;
+                const bool deflt = u == gemv_il_stages(type) && nw == nw_auto;
                 if (!deflt && m != 1 && m != GEMV_IL_MAX_TOKENS) continue;
                 CUDA_CHECK(cudaMemsetAsync(d_y.p, 0xFF, y.size()*4, st));
                 launch_gemv(type, u, d_il.as<uint8_t>(), d_xq.as<uint8_t>(), d_xs.as<float>(), d_y.as<float>(), n, k, m, nw, st);
@@ -383,11 +380,11 @@ static void run_shape(int type, const shape & sh, uint64_t seed, cudaStream_t st
         row.nwarps = nw_auto;
         launch_quantize(d_x.as<float>(), k, m, d_xq.as<uint8_t>(), d_xs.as<float>(), st);
         row.ours_us = time_graph(st, len, [&](int i) {
-            launch_gemv(type, GEMV_BENCH_S, rot_il[i % nrot]->as<uint8_t>(), d_xq.as<uint8_t>(), d_xs.as<float>(), d_y.as<float>(), n, k, m, nw_auto, st);
+            launch_gemv(type, gemv_il_stages(type), rot_il[i % nrot]->as<uint8_t>(), d_xq.as<uint8_t>(), d_xs.as<float>(), d_y.as<float>(), n, k, m, nw_auto, st);
         });
         row.ours_q_us = time_graph(st, len, [&](int i) {
             launch_quantize(d_x.as<float>(), k, m, d_xq.as<uint8_t>(), d_xs.as<float>(), st);
-            launch_gemv(type, GEMV_BENCH_S, rot_il[i % nrot]->as<uint8_t>(), d_xq.as<uint8_t>(), d_xs.as<float>(), d_y.as<float>(), n, k, m, nw_auto, st);
+            launch_gemv(type, gemv_il_stages(type), rot_il[i % nrot]->as<uint8_t>(), d_xq.as<uint8_t>(), d_xs.as<float>(), d_y.as<float>(), n, k, m, nw_auto, st);
         });
 #ifdef GEMV_BENCH_UPSTREAM
         row.up_us = time_graph(st, len, [&](int i) {
@@ -401,7 +398,7 @@ static void run_shape(int type, const shape & sh, uint64_t seed, cudaStream_t st
                         launch_gemv(type, u, rot_il[i % nrot]->as<uint8_t>(), d_xq.as<uint8_t>(), d_xs.as<float>(), d_y.as<float>(), n, k, m, nw, st);
                     });
                     printf("     sweep %s k=%d n=%d m=%d S=%d nwarps=%2d: %8.2f us  %6.0f GB/s%s\n", tn, k, n, m, u, nw, us, wbytes/us*1e-3,
-                           u == GEMV_BENCH_S && nw == nw_auto ? "  (default)" : "");
+                           u == gemv_il_stages(type) && nw == nw_auto ? "  (default)" : "");
                 }
             }
         }
@@ -446,7 +443,7 @@ static void run_token(int type, double ceil_gbs, cudaStream_t st) {
             for (size_t i = 0; i < seq.size(); ++i) {
                 const gemv & g = seq[i];
                 launch_quantize(x.as<float>(), g.k, m, xq.as<uint8_t>(), xs.as<float>(), st);
-                launch_gemv(g.type, GEMV_BENCH_S, w.as<uint8_t>() + g.at, xq.as<uint8_t>(), xs.as<float>(), y.as<float>(),
+                launch_gemv(g.type, gemv_il_stages(g.type), w.as<uint8_t>() + g.at, xq.as<uint8_t>(), xs.as<float>(), y.as<float>(),
                             g.n, g.k, m, nwarps[i], st);
             }
         });

@@ -74,7 +74,7 @@ bool ggml_cuda_gemv_il_owns(const ggml_tensor * src0) {
 using gemv_il_kernel_t = void (*)(const uint8_t *, const uint8_t *, const float *, float *, int, int, int, int64_t, gemv_il_epilogue);
 
 static gemv_il_kernel_t gemv_il_kernel(const int type) {
-    return gemv_il_dispatch(type, [](auto t) -> gemv_il_kernel_t { return gemv_il_mul_mat<decltype(t)::value, 1>; });
+    return gemv_il_dispatch(type, [](auto t) -> gemv_il_kernel_t { constexpr int T = decltype(t)::value; return gemv_il_mul_mat<T, gemv_il_stages(T)>; });
 }
 
 // CTAs per SM of the GEMV at each warp count: a property of the kernel and the device, asked of the

@@ -267,10 +267,18 @@ static __global__ void gemv_il_argmax_rows(const unsigned long long * keys, int3
     }
 }
 
+// Register stages of gemv_il_mul_mat per type, from a 9B decode token's 129 GEMVs on the H200
+// (bench/RESULTS.md, seventh session): a second stage hides the longer chunk math of Q4_K (-9%) and
+// the longer loads of Q8_0 (-5%); it costs Q4_0 11% and does nothing for Q6_K.
+GEMV_IL_HD constexpr int gemv_il_stages(int type) {
+    return type == GEMV_IL_Q4_K || type == GEMV_IL_Q8_0 ? 2 : 1;
+}
+
 // grid (ceil(n/16)), block (32 * nwarps, nwarps <= GEMV_IL_MAX_WARPS); dst[tok*stride_dst + row], with
 // the epilogue's residual added, or only its argmax keys.
 // S: register stages per warp. With S = 1 a warp loads its next chunk after using the current one;
 // with S = 2 the next load is in flight while it computes (twice the registers for the weights).
+// gemv_il_stages picks S per type.
 template <int type, int S>
 static __global__ void __launch_bounds__(GEMV_IL_MAX_WARPS*WARP_SIZE)
 gemv_il_mul_mat(const uint8_t * w, const uint8_t * xq, const float * xs, float * dst,
