@@ -137,7 +137,7 @@ static void launch_quantize(const float * x, int k, int m, uint8_t * xq, float *
 }
 
 // The kernel variants built here: (type, register stages S); gemv_il_stages(type) is pyqwen's choice.
-using gemv_kernel_t = void (*)(const uint8_t *, const int8_t *, const uint8_t *, const float *, float *, int, int, int, int64_t, gemv_il_epilogue);
+using gemv_kernel_t = void (*)(const uint8_t *, const int8_t * const *, const uint8_t *, const float *, float *, int, int, int, int64_t, gemv_il_epilogue);
 static gemv_kernel_t gemv_kernel(int type, int s) {
     return gemv_il_dispatch(type, [s](auto t) -> gemv_kernel_t {
         return s == 1 ? gemv_il_mul_mat<decltype(t)::value, 1> : gemv_il_mul_mat<decltype(t)::value, 2>;
@@ -145,21 +145,25 @@ static gemv_kernel_t gemv_kernel(int type, int s) {
 }
 static const std::vector<int> gemv_stages = {1, 2};
 
-// W4A8's level table on the device: gemv_ref.h's codebook, which ref_mul_mat decodes with
-static const int8_t * device_w4a8_levels() {
-    static const int8_t * levels = [] {
-        void * p;
-        CUDA_CHECK(cudaMalloc(&p, 256*16));
-        CUDA_CHECK(cudaMemcpy(p, ref_w4a8_levels(), 256*16, cudaMemcpyHostToDevice));
-        return (const int8_t *) p;
+// W4A8's level tables on the device, by codebook id: ids 0 and 1 (ref_fill_weights) both gemv_ref.h's
+// codebook, which ref_mul_mat decodes with
+static const int8_t * const * device_w4a8_luts() {
+    static const int8_t * const * luts = [] {
+        void * levels, * ptrs;
+        CUDA_CHECK(cudaMalloc(&levels, 256*16));
+        CUDA_CHECK(cudaMemcpy(levels, ref_w4a8_levels(), 256*16, cudaMemcpyHostToDevice));
+        const int8_t * host[2] = {(const int8_t *) levels, (const int8_t *) levels};
+        CUDA_CHECK(cudaMalloc(&ptrs, sizeof(host)));
+        CUDA_CHECK(cudaMemcpy(ptrs, host, sizeof(host), cudaMemcpyHostToDevice));
+        return (const int8_t * const *) ptrs;
     }();
-    return levels;
+    return luts;
 }
 
 static void launch_gemv(int type, int u, const uint8_t * w, const uint8_t * xq, const float * xs, float * y, int n, int k, int m, int nwarps, cudaStream_t st) {
     const ggml_cuda_kernel_launch_params p(dim3((n + 15)/16), dim3(nwarps*WARP_SIZE), 0, st);
-    const int8_t * levels = type == GEMV_IL_W4A8 ? device_w4a8_levels() : nullptr;
-    ggml_cuda_kernel_launch(gemv_kernel(type, u), p, w, levels, xq, xs, y, n, k, m, (int64_t) n, gemv_il_epilogue());
+    const int8_t * const * luts = type == GEMV_IL_W4A8 ? device_w4a8_luts() : nullptr;
+    ggml_cuda_kernel_launch(gemv_kernel(type, u), p, w, luts, xq, xs, y, n, k, m, (int64_t) n, gemv_il_epilogue());
 }
 
 // upstream has no kernel for pyqwen's W4A8 (pyqwen expands it to Q8_0 there: compare with the Q8_0 rows)

@@ -121,7 +121,8 @@ static void emulate_chunk_dot(int type, const lane_chunk r[32], const uint8_t * 
             float dx[32][2];
             for (int lane = 0; lane < 32; ++lane) {
                 if (type == GEMV_IL_W4A8) { // the block's scale word from lane 4g + jp (__shfl_sync)
-                    gemv_il_w4a8_frag(r[lane].q, 2*jp + h, r[(lane & ~3) | jp].s[h], ref_w4a8_levels(), a[lane]);
+                    const int8_t * const levels[2] = {ref_w4a8_levels(), ref_w4a8_levels()};
+                    gemv_il_w4a8_frag(r[lane].q, 2*jp + h, r[(lane & ~3) | jp].s[h], levels, a[lane]);
                 } else {
                     gemv_il_frag_a(type, r[lane].q, 2*jp + h, a[lane]);
                 }
@@ -257,6 +258,21 @@ int main() {
             const bool rt = back == w && moved;
             printf("%s relayout round trip k=%d n=%d: %s\n", names[type], k, n, rt ? "ok" : "FAILED");
             rt ? ++passed : ++failed;
+            if (type == GEMV_IL_W4A8) { // the inverse map the prefill's expansion to Q8_0 reads with
+                bool inv = true;
+                for (int64_t t = 0; t < n / 16; ++t) {
+                    for (int c = 0; c < k / GEMV_IL_CHUNK_K; ++c) {
+                        for (int row = 0; row < 16; ++row) {
+                            for (int off = 0; off < gemv_il_block_bytes(type); ++off) {
+                                inv = inv && il[t*gemv_il_tile_bytes(type, k) + (int64_t) c*gemv_il_chunk_bytes(type) + gemv_il_w4a8_il_offset(row, off)]
+                                          == w[(t*16 + row)*gemv_il_row_bytes(type, k) + (int64_t) c*gemv_il_block_bytes(type) + off];
+                            }
+                        }
+                    }
+                }
+                printf("w4a8 inverse map k=%d n=%d: %s\n", k, n, inv ? "ok" : "FAILED");
+                inv ? ++passed : ++failed;
+            }
 
             // 2. the kernel's arithmetic on the interleaved tensor, for every M and several K splits
             std::vector<float> x((size_t) GEMV_IL_MAX_TOKENS*k), d((size_t) GEMV_IL_MAX_TOKENS*(k/32)), sum(d.size()), xs(2*gemv_il_xs_count(k));

@@ -92,7 +92,7 @@ static inline uint16_t ref_random_scale(uint64_t & s, bool any_sign) {
 
 // Random weight rows in ggml's block layout: any code, scales of both signs, magnitudes 2^-9..2^-4
 // (Q4_K: any 6-bit scales and mins, d of both signs, dmin > 0; Q6_K: any int8 scales, d of both signs;
-// W4A8: fp32 d of both signs, any scale byte but the NaNs, any codebook id: the kernel is given the table).
+// W4A8: fp32 d of both signs, any scale byte but the NaNs, codebook id row % 2).
 static void ref_fill_weights(int type, int64_t n, int64_t k, uint8_t * w, uint64_t seed) {
     const int64_t rb = gemv_il_row_bytes(type, k), bs = gemv_il_block_bytes(type), bk = gemv_il_block_k(type);
     ref_parallel_for(n, [=](int64_t r) {
@@ -105,7 +105,9 @@ static void ref_fill_weights(int type, int64_t n, int64_t k, uint8_t * w, uint64
         for (int64_t b = 0; b < k/bk; ++b) {
             if (type == GEMV_IL_W4A8) {
                 const float d = ref_half_to_float(ref_random_scale(s, true));
+                const uint32_t id = (uint32_t) (r % 2); // gemv_bench's level tables 0 and 1 (both the one codebook)
                 memcpy(row + b*bs, &d, 4);
+                memcpy(row + b*bs + GEMV_IL_W4A8_CB, &id, 4);
                 for (int g = 0; g < 16; ++g) {
                     uint8_t & sr = row[b*bs + GEMV_IL_W4A8_SR + g];
                     while ((sr & 0x7F) == 0x7F) sr = (uint8_t) ref_splitmix(s);

@@ -71,7 +71,7 @@ bool ggml_cuda_gemv_il_owns(const ggml_tensor * src0) {
 
 // ---- MUL_MAT ----
 
-using gemv_il_kernel_t = void (*)(const uint8_t *, const int8_t *, const uint8_t *, const float *, float *, int, int, int, int64_t, gemv_il_epilogue);
+using gemv_il_kernel_t = void (*)(const uint8_t *, const int8_t * const *, const uint8_t *, const float *, float *, int, int, int, int64_t, gemv_il_epilogue);
 
 static gemv_il_kernel_t gemv_il_kernel(const int type) {
     return gemv_il_dispatch(type, [](auto t) -> gemv_il_kernel_t { constexpr int T = decltype(t)::value; return gemv_il_mul_mat<T, gemv_il_stages(T)>; });
@@ -135,7 +135,7 @@ static void gemv_il_launch(ggml_backend_cuda_context & ctx, const ggml_tensor * 
             x + m0*stride_x, stride_x, mm, xq.get(), xs.get(), p);
         ggml_cuda_kernel_launch(gemv_il_kernel(type),
             ggml_cuda_kernel_launch_params(dim3((n + GEMV_IL_TILE_ROWS - 1)/GEMV_IL_TILE_ROWS), dim3(nwarps*WARP_SIZE), 0, ctx.stream()),
-            (const uint8_t *) src0->data, (const int8_t *) nullptr, (const uint8_t *) xq.get(), (const float *) xs.get(),
+            (const uint8_t *) src0->data, (const int8_t * const *) nullptr, (const uint8_t *) xq.get(), (const float *) xs.get(),
             (float *) dst->data + m0*stride_dst, (int) n, (int) k, mm, stride_dst, ep);
     }
     if (argmax) {

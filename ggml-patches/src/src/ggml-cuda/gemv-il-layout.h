@@ -17,7 +17,7 @@
 //           32 more bytes: the fp16 d of rows g and g+8 at 4*g, which the 4 lanes of group g all load;
 //           W4A8: the e4m3 scale bytes of rows g and g+8 for the 16-groups of blocks 2t and 2t+1, then
 //           64 bytes: the fp32 d of rows g and g+8 at 8*g (loaded by the 4 lanes of group g), then the
-//           16 rows' codebook ids (kept for the round trip: a tensor has one codebook, passed to the kernel).
+//           16 rows' codebook ids (a kernel reads them once: every block of a row has its row's id).
 // So a warp streams a tile front to back with coalesced loads and no separate scale stream.
 // The N % 16 rows of a last, partial tile stay in ggml's row layout after the full tiles. The layout
 // is a byte permutation inside each tile: same size as ggml's, invertible, and done tile by tile in place.
@@ -288,18 +288,39 @@ GEMV_IL_HD void gemv_il_w4a8_row(const int8_t * levels, uint32_t s, uint32_t T[4
 #endif // defined(__CUDA_ARCH__)
 }
 
-// W4A8's A fragment of block b from the chunk's quant words and the block's scale word sw = {row g: sr[2b],
-// sr[2b+1]}{row g+8: the same} (a0 and a1 take the first 16-group's levels, a2 and a3 the second's).
-GEMV_IL_HD void gemv_il_w4a8_frag(const uint32_t (*q)[4], int b, uint32_t sw, const int8_t * levels, uint32_t a[4]) {
+// W4A8's A fragment of block b from the chunk's quant words, the block's scale word sw = {row g: sr[2b],
+// sr[2b+1]}{row g+8: the same} and the level tables of rows g and g+8 (a0, a1 take the first 16-group's
+// levels, a2, a3 the second's).
+GEMV_IL_HD void gemv_il_w4a8_frag(const uint32_t (*q)[4], int b, uint32_t sw, const int8_t * const levels[2], uint32_t a[4]) {
     const uint32_t * w = q[b >> 1];
     for (int r = 0; r < 2; ++r) { // row g, then g+8
         const uint32_t x = w[2*(b & 1) + r];
         uint32_t T[4];
-        gemv_il_w4a8_row(levels, (sw >> 16*r) & 0xFF, T);
+        gemv_il_w4a8_row(levels[r], (sw >> 16*r) & 0xFF, T);
         a[r] = gemv_il_w4a8_levels(x, T);
-        gemv_il_w4a8_row(levels, (sw >> (16*r + 8)) & 0xFF, T);
+        gemv_il_w4a8_row(levels[r], (sw >> (16*r + 8)) & 0xFF, T);
         a[2 + r] = gemv_il_w4a8_levels(x >> 16, T);
     }
+}
+
+// Where byte `off` (0..151) of tile row `row`'s block in a W4A8 chunk lies in the interleaved chunk: the
+// inverse of gemv_il_quant_src / gemv_il_meta_src, for the prefill's expansion to Q8_0.
+GEMV_IL_HD int gemv_il_w4a8_il_offset(int row, int off) {
+    const int g = row & 7, hi = row >> 3;
+    const int meta = gemv_il_quant_bytes(GEMV_IL_W4A8);
+    if (off < GEMV_IL_W4A8_CB) {
+        return meta + 2*(128 + 4*g + 2*hi) + off;
+    }
+    if (off < GEMV_IL_W4A8_SR) {
+        return meta + 2*(160 + 2*row) + off - GEMV_IL_W4A8_CB;
+    }
+    if (off < GEMV_IL_W4A8_QS) {
+        const int i = off - GEMV_IL_W4A8_SR, b = i >> 1;
+        return meta + 2*(4*(4*g + (b >> 1)) + 2*(b & 1) + hi) + (i & 1);
+    }
+    const int p = off - GEMV_IL_W4A8_QS, b = p >> 4, i = p & 15;
+    const int word = 128*(b >> 1) + 4*(4*g + ((i & 7) >> 1)) + 2*(b & 1) + hi;
+    return 4*word + 2*(i >> 3) + (i & 1);
 }
 
 // Which of rows g (bit 0) and g+8 (bit 1) have a NaN scale byte (e4m3fn: 0x7F, 0xFF) in the scale word sw:

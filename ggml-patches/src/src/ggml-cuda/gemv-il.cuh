@@ -156,10 +156,12 @@ static __device__ __forceinline__ void gemv_il_mma_u8s8(int d[4], const uint32_t
 }
 
 // acc (rows g, g+8 x tokens 2t, 2t+1, the mma's C layout) += this chunk's 8 blocks of 32.
-// xs: the chunk's activation scales; xsum: their block sums (Q4_K only); levels: W4A8's codebook table.
+// xs: the chunk's activation scales; xsum: their block sums (Q4_K only); levels: W4A8's level tables of rows
+// g and g+8.
 template <int type>
 static __device__ __forceinline__ void gemv_il_chunk_dot(const gemv_il_chunk<type> & r, const uint8_t * xq, const float * xs,
-                                                         const float * xsum, const int8_t * levels, const int lane, float acc[4]) {
+                                                         const float * xsum, const int8_t * const * levels, const int lane,
+                                                         float acc[4]) {
 #if defined(GGML_USE_HIP)
     // NVIDIA's mma fragment layouts; on HIP the weights are never interleaved (gemv_il_eligible)
     GGML_UNUSED_VARS(r, xq, xs, xsum, levels, lane, acc);
@@ -308,13 +310,13 @@ GEMV_IL_HD constexpr int gemv_il_stages(int type) {
 }
 
 // grid (ceil(n/16)), block (32 * nwarps, nwarps <= GEMV_IL_MAX_WARPS); dst[tok*stride_dst + row], with
-// the epilogue's residual added, or only its argmax keys. levels: W4A8's codebook table (else unused).
+// the epilogue's residual added, or only its argmax keys. luts: W4A8's level tables by codebook id (else unused).
 // S: register stages per warp. With S = 1 a warp loads its next chunk after using the current one;
 // with S = 2 the next load is in flight while it computes (twice the registers for the weights).
 // gemv_il_stages picks S per type.
 template <int type, int S>
 static __global__ void __launch_bounds__(GEMV_IL_MAX_WARPS*WARP_SIZE)
-gemv_il_mul_mat(const uint8_t * w, const int8_t * levels, const uint8_t * xq, const float * xs, float * dst,
+gemv_il_mul_mat(const uint8_t * w, const int8_t * const * luts, const uint8_t * xq, const float * xs, float * dst,
                 const int n, const int k, const int m, const int64_t stride_dst, const gemv_il_epilogue ep) {
     const int lane    = threadIdx.x % WARP_SIZE;
     const int warp    = threadIdx.x / WARP_SIZE;
@@ -336,6 +338,19 @@ gemv_il_mul_mat(const uint8_t * w, const int8_t * levels, const uint8_t * xq, co
             gemv_il_gather_chunk<type>(r, tile, nrows, k, c, lane);
         }
     };
+
+    // W4A8: the level tables of rows g and g+8, by the ids in the first chunk's meta (a partial tile's rows:
+    // in their first block; missing rows take row 0's)
+    const int8_t * levels[2] = {nullptr, nullptr};
+    if constexpr (type == GEMV_IL_W4A8) {
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+            const int row = lane/4 + 8*i;
+            const uint8_t * id = nrows == GEMV_IL_TILE_ROWS ? tile + gemv_il_w4a8_il_offset(row, GEMV_IL_W4A8_CB)
+                                                            : tile + (row < nrows ? row : 0)*gemv_il_row_bytes(type, k) + GEMV_IL_W4A8_CB;
+            levels[i] = luts[*(const uint32_t *) id];
+        }
+    }
 
     // The weights do not depend on the previous kernel: their first loads overlap its tail.
     gemv_il_chunk<type> r[S];
