@@ -56,6 +56,7 @@ constexpr int GEMV_IL_Q6_K_QH = 128, GEMV_IL_Q6_K_SCALES = 192, GEMV_IL_Q6_K_D =
 // 128 bytes of codes (column 2i in the low nibble of byte i, 2i+1 in the high one); 256 values, value =
 // d * levels[scale][code], levels the codebook's int8 table (256 scale bytes x 16 codes):
 constexpr int GEMV_IL_W4A8_CB = 4, GEMV_IL_W4A8_SR = 8, GEMV_IL_W4A8_QS = 24;
+constexpr int GEMV_IL_W4A8_CODEBOOKS = 1 << 16; // codebook ids a process can have (pyqwen-w4a8.c)
 
 GEMV_IL_HD constexpr int gemv_il_block_bytes(int type) {
     return type == GEMV_IL_Q4_0 ? 18 : type == GEMV_IL_Q8_0 ? 34 : type == GEMV_IL_Q4_K ? 144 : type == GEMV_IL_Q6_K ? 210 : 152;

@@ -340,7 +340,8 @@ gemv_il_mul_mat(const uint8_t * w, const int8_t * const * luts, const uint8_t * 
     };
 
     // W4A8: the level tables of rows g and g+8, by the ids in the first chunk's meta (a partial tile's rows:
-    // in their first block; missing rows take row 0's)
+    // in their first block; missing rows take row 0's). The loader gives every block a registered id; a
+    // foreign one indexes the table modulo its size, whose unused entries hold the uniform codebook.
     const int8_t * levels[2] = {nullptr, nullptr};
     if constexpr (type == GEMV_IL_W4A8) {
 #pragma unroll
@@ -348,7 +349,7 @@ gemv_il_mul_mat(const uint8_t * w, const int8_t * const * luts, const uint8_t * 
             const int row = lane/4 + 8*i;
             const uint8_t * id = nrows == GEMV_IL_TILE_ROWS ? tile + gemv_il_w4a8_il_offset(row, GEMV_IL_W4A8_CB)
                                                             : tile + (row < nrows ? row : 0)*gemv_il_row_bytes(type, k) + GEMV_IL_W4A8_CB;
-            levels[i] = luts[*(const uint32_t *) id];
+            levels[i] = luts[*(const uint32_t *) id & (GEMV_IL_W4A8_CODEBOOKS - 1)];
         }
     }
 
@@ -678,6 +679,38 @@ static void gemv_il_deinterleave_cuda(const int type, const uint8_t * src, uint8
     const dim3 grid((unsigned) ntiles, (unsigned) ((k/GEMV_IL_CHUNK_K + G - 1)/G));
     gemv_il_dispatch(type, [&](auto t) { gemv_il_deinterleave<decltype(t)::value><<<grid, 256, 0, stream>>>(src, dst, k); });
     CUDA_CHECK(cudaGetLastError());
+}
+
+// W4A8 rows [row0, row0 + rows) -> Q8_0 rows at dst, for a prefill (upstream has no W4A8 kernel): the
+// blocks of ggml_pyqwen_w4a8_to_q8_0 (int8 levels, the row's d in fp16, NaN for a NaN scale), read from
+// the interleaved full tiles (rows < n_il) or ggml's rows (the partial last tile). A thread a Q8_0 block.
+// luts: the level tables by codebook id; ids index it modulo its size, as in the GEMV.
+static __global__ void gemv_il_w4a8_to_q8_0(const uint8_t * src, block_q8_0 * dst, const int8_t * const * luts,
+                                            const int64_t k, const int64_t row0, const int64_t rows, const int64_t n_il) {
+    const int64_t i = (int64_t) blockIdx.x*blockDim.x + threadIdx.x, per_row = k/32;
+    if (i >= rows*per_row) {
+        return;
+    }
+    const int64_t row = row0 + i/per_row, b32 = i % per_row, c = b32/8;
+    const int j = (int) (b32 % 8);
+    const uint8_t * base = row < n_il ? src + row/GEMV_IL_TILE_ROWS*gemv_il_tile_bytes(GEMV_IL_W4A8, k) + c*gemv_il_chunk_bytes(GEMV_IL_W4A8)
+                                      : src + row*gemv_il_row_bytes(GEMV_IL_W4A8, k) + c*gemv_il_block_bytes(GEMV_IL_W4A8);
+    const int r = (int) (row % GEMV_IL_TILE_ROWS);
+    const auto byte = [&](const int off) { return row < n_il ? base[gemv_il_w4a8_il_offset(r, off)] : base[off]; };
+    const auto word = [&](const int off) {
+        return (uint32_t) byte(off) | (uint32_t) byte(off + 1) << 8 | (uint32_t) byte(off + 2) << 16 | (uint32_t) byte(off + 3) << 24;
+    };
+    const int8_t * levels = luts[word(GEMV_IL_W4A8_CB) & (GEMV_IL_W4A8_CODEBOOKS - 1)];
+    const uint8_t s0 = byte(GEMV_IL_W4A8_SR + 2*j), s1 = byte(GEMV_IL_W4A8_SR + 2*j + 1);
+    const bool nan = (s0 & 0x7F) == 0x7F || (s1 & 0x7F) == 0x7F;
+    block_q8_0 & out = dst[(row - row0)*per_row + b32];
+    out.d = __float2half(nan ? NAN : __uint_as_float(word(0)));
+    for (int m = 0; m < 16; ++m) { // code byte m: columns 2m, 2m+1, in 16-group 2j + m/8
+        const uint8_t q = byte(GEMV_IL_W4A8_QS + 16*j + m);
+        const int8_t * lv = levels + 16*(m < 8 ? s0 : s1);
+        out.qs[2*m]     = nan ? 0 : lv[q & 15];
+        out.qs[2*m + 1] = nan ? 0 : lv[q >> 4];
+    }
 }
 
 // Warps per CTA: the largest split whose CTAs all fit on the GPU at once (one wave, no tail), else 4
