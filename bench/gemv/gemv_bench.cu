@@ -145,16 +145,16 @@ static gemv_kernel_t gemv_kernel(int type, int s) {
 }
 static const std::vector<int> gemv_stages = {1, 2};
 
-// W4A8's level tables on the device, by codebook id: ids 0 and 1 (ref_fill_weights) both gemv_ref.h's
-// codebook, which ref_mul_mat decodes with
+// W4A8's level tables on the device, by codebook id, as pyqwen's (gemv-il-ggml.cu): every id gemv_ref.h's
+// codebook, which ref_mul_mat decodes with (the token bench's weights are a byte pattern, ids included)
 static const int8_t * const * device_w4a8_luts() {
     static const int8_t * const * luts = [] {
         void * levels, * ptrs;
         CUDA_CHECK(cudaMalloc(&levels, 256*16));
         CUDA_CHECK(cudaMemcpy(levels, ref_w4a8_levels(), 256*16, cudaMemcpyHostToDevice));
-        const int8_t * host[2] = {(const int8_t *) levels, (const int8_t *) levels};
-        CUDA_CHECK(cudaMalloc(&ptrs, sizeof(host)));
-        CUDA_CHECK(cudaMemcpy(ptrs, host, sizeof(host), cudaMemcpyHostToDevice));
+        const std::vector<const int8_t *> host(GEMV_IL_W4A8_CODEBOOKS, (const int8_t *) levels);
+        CUDA_CHECK(cudaMalloc(&ptrs, host.size()*sizeof(host[0])));
+        CUDA_CHECK(cudaMemcpy(ptrs, host.data(), host.size()*sizeof(host[0]), cudaMemcpyHostToDevice));
         return (const int8_t * const *) ptrs;
     }();
     return luts;

@@ -105,7 +105,7 @@ static void ref_fill_weights(int type, int64_t n, int64_t k, uint8_t * w, uint64
         for (int64_t b = 0; b < k/bk; ++b) {
             if (type == GEMV_IL_W4A8) {
                 const float d = ref_half_to_float(ref_random_scale(s, true));
-                const uint32_t id = (uint32_t) (r % 2); // gemv_bench's level tables 0 and 1 (both the one codebook)
+                const uint32_t id = (uint32_t) (r % 2); // two ids, so that the round trip moves them
                 memcpy(row + b*bs, &d, 4);
                 memcpy(row + b*bs + GEMV_IL_W4A8_CB, &id, 4);
                 for (int g = 0; g < 16; ++g) {
