@@ -142,7 +142,7 @@ static gemv_il_kernel_t gemv_il_kernel(const int type) {
 // CTAs per SM of the GEMV at each warp count: a property of the kernel and the device, asked of the
 // CUDA runtime once per process (threads that race here store the same value).
 static int gemv_il_ctas_per_sm(const int device, const int type, const int nwarps) {
-    static std::atomic<int> cache[GGML_CUDA_MAX_DEVICES][GEMV_IL_Q6_K + 1][GEMV_IL_MAX_WARPS + 1]; // 0: not asked yet
+    static std::atomic<int> cache[GGML_CUDA_MAX_DEVICES][GEMV_IL_NTYPES][GEMV_IL_MAX_WARPS + 1]; // 0: not asked yet
     std::atomic<int> & cached = cache[device][type][nwarps];
     int c = cached.load(std::memory_order_relaxed);
     if (c == 0) {

@@ -39,6 +39,7 @@ enum gemv_il_type {
     GEMV_IL_Q4_K = 2,
     GEMV_IL_Q6_K = 3,
     GEMV_IL_W4A8 = 4, // GGML_TYPE_PQ_W4A8
+    GEMV_IL_NTYPES,
 };
 
 constexpr int GEMV_IL_TILE_ROWS     = 16;  // rows of the mma A tile
