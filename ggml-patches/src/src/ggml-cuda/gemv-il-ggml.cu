@@ -117,7 +117,7 @@ static const int8_t * const * gemv_il_w4a8_luts(const int device, const uint32_t
     return t.table;
 }
 
-// The codebook ids of the whole W4A8 blocks in bytes [offset, offset + size) of tensor t, given at `data`.
+// The codebook ids of the whole W4A8 blocks among bytes [offset, offset + size) of a tensor, given at `data`.
 static std::vector<uint32_t> gemv_il_w4a8_ids(const uint8_t * data, const size_t offset, const size_t size) {
     const size_t bs = sizeof(block_pq_w4a8);
     std::vector<uint32_t> ids;
