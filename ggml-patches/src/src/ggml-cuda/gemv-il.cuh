@@ -65,7 +65,8 @@ static __device__ __forceinline__ uint32_t gemv_il_load_stream4(const uint8_t * 
 }
 
 // One chunk (16 rows x 256 K) of a warp's lane: the words of its quant loads and its meta words
-// (4 fp16 scales, the Q4_K headers of rows g and g+8, or Q6_K's 8 int8 scales and {d[g], d[g+8]}).
+// (4 fp16 scales, the Q4_K headers of rows g and g+8, Q6_K's 8 int8 scales and {d[g], d[g+8]}, or W4A8's
+// 8 scale bytes and fp32 {d[g], d[g+8]}).
 template <int type>
 struct gemv_il_chunk {
     uint32_t q[gemv_il_loads(type)][4];
