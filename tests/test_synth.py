@@ -1,12 +1,13 @@
 """pyqwen synth: random-weight GGUF files of the real Qwen3.5 shapes.
 
-- the random codes of every type dequantize (gguf-py) to the requested std, zero mean;
+- the random codes of every type dequantize (gguf-py; PQ_W4A8 here) to the requested std, zero mean;
 - type assignment: llama-quantize's Q4_K_M rule (use_more_bits) on the real 9b and 35b-a3b
   shapes, written out by hand here; the 9b --mtp q4_0 plan matches the measured upstream
   anchor (9.20 B params, 5.07 GiB);
 - files of a shrunken config (real vocabulary, small widths): every tensor's name, ggml shape,
   type and byte range as upstream's qwen35 / qwen35moe loaders list them, the metadata keys;
-  the dense ones run through pyqwen with finite, non-degenerate logits;
+  the dense ones run through pyqwen with finite, non-degenerate logits (w4a8: a pyqwen-only file, with
+  pyqwen.requires and its marker tensor, and W4A8 embeddings looked up on the CPU);
 - the command line: --list, bad options, no partial output, same seed same bytes.
 
 The expected tensor lists are transcribed from llama.cpp (src/models/qwen35.cpp,
@@ -104,14 +105,33 @@ def expected_type(name: str, wtype: str, tied: bool, q6k_blocks: set[int]) -> st
     return base
 
 
+PQ_W4A8 = 100  # ggml-patches/0003: 152-byte blocks of 256 values
+W4A8_BLOCK = np.dtype([("d", "<f4"), ("cb", "<u4"), ("sr", "u1", (16,)), ("qs", "u1", (128,))])
+
+
+def type_name(ggml_type: int) -> str:
+    return "PQ_W4A8" if ggml_type == PQ_W4A8 else gguf.GGMLQuantizationType(ggml_type).name
+
+
 def nbytes(ne, qtype: str) -> int:
-    block, size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[qtype]]
+    block, size = (256, W4A8_BLOCK.itemsize) if qtype == "PQ_W4A8" else gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[qtype]]
     return int(np.prod(ne[1:], dtype=np.int64)) * (ne[0] // block) * size
+
+
+def dequantize_w4a8(raw: np.ndarray, n_rows: int) -> np.ndarray:
+    """PQ_W4A8 blocks with the uniform codebook (code - 8) and e4m3 scale bytes of normal numbers."""
+    b = raw.view(W4A8_BLOCK)
+    assert (b["cb"] == 0).all()
+    sr = b["sr"].astype(np.int64)
+    scale = np.ldexp(1 + (sr & 7) / 8, ((sr >> 3) & 15) - 7) * np.where(sr & 0x80, -1, 1)
+    codes = np.stack([b["qs"] & 15, b["qs"] >> 4], axis=-1).reshape(len(b), 256).astype(np.float64) - 8
+    v = np.rint(codes * np.repeat(scale, 16, axis=1)) * b["d"][:, None]
+    return v.reshape(n_rows, -1)
 
 
 # --- values ------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("qtype", ["Q4_0", "Q8_0", "Q4_K", "Q6_K", "F16"])
+@pytest.mark.parametrize("qtype", ["Q4_0", "Q8_0", "Q4_K", "Q6_K", "F16", "PQ_W4A8"])
 @pytest.mark.parametrize("n_cols", [512, 5120, 17408])
 def test_random_codes_have_the_requested_std(qtype, n_cols):
     std = 1 / np.sqrt(n_cols)
@@ -119,6 +139,8 @@ def test_random_codes_have_the_requested_std(qtype, n_cols):
     assert raw.dtype == np.uint8 and raw.nbytes == nbytes((n_cols, 48), qtype)
     if qtype == "F16":
         w = raw.view(np.float16).astype(np.float32).reshape(48, n_cols)
+    elif qtype == "PQ_W4A8":
+        w = dequantize_w4a8(raw, 48)
     else:
         w = gguf.quants.dequantize(raw.reshape(48, -1), gguf.GGMLQuantizationType[qtype])
     assert w.shape == (48, n_cols)
@@ -184,20 +206,24 @@ def test_file_layout(files, key):
     header = read_header(path)
     meta, tensors = header.metadata, header.tensors
     want = expected_tensors(cfg, mtp)
-    assert set(tensors) == set(want)
+    pyqwen_only = wtype == "w4a8"  # pyqwen.requires and its marker tensor (1 byte), which upstream refuses
+    assert set(tensors) == set(want) | ({"pyqwen.requires"} if pyqwen_only else set())
+    assert meta.get("pyqwen.requires") == (["pq_w4a8"] if pyqwen_only else None)
     # 5 blocks: use_more_bits(i, 5) holds for i = 2 and 4
     offsets = []
     for name, ne in want.items():
         info = tensors[name]
-        got_ne, qtype, offset = info.shape, gguf.GGMLQuantizationType(info.ggml_type).name, info.offset
+        got_ne, qtype, offset = info.shape, type_name(info.ggml_type), info.offset
         assert got_ne == ne, name
         assert qtype == expected_type(name, wtype, cfg["tie_word_embeddings"], {2, 4}), name
         offsets.append((offset, nbytes(ne, qtype), name))
+    if pyqwen_only:
+        offsets.append((tensors["pyqwen.requires"].offset, 1, "pyqwen.requires"))
     end = 0
     for offset, n, name in sorted(offsets):  # contiguous, aligned, no overlap
         assert offset % 32 == 0 and offset >= end, name
         end = offset + n
-    assert header.data_start + end == header.file_size
+    assert header.data_start + -(-end // 32) * 32 == header.file_size  # the data padded to the alignment
 
     arch = "qwen35moe" if key == "moe" else "qwen35"
     assert meta["general.architecture"] == arch
