@@ -272,6 +272,37 @@ int main() {
                 }
                 printf("w4a8 inverse map k=%d n=%d: %s\n", k, n, inv ? "ok" : "FAILED");
                 inv ? ++passed : ++failed;
+
+                // the prefill's expansion to Q8_0 through that map, against ggml_pyqwen_w4a8_to_q8_0's rule
+                // read off ggml's bytes; one 16-group scale made NaN (its whole 32-block is NaN, levels 0)
+                std::vector<uint8_t> wn = w, iln(wbytes);
+                wn[(int64_t) 3 % n*gemv_il_row_bytes(type, k) + GEMV_IL_W4A8_SR + 5] = 0x7F;
+                iln = wn;
+                gemv_il_relayout_inplace_host(type, n, k, iln.data(), tmp.data(), false);
+                bool q8 = true;
+                for (int64_t row = 0; row < n / 16 * 16; ++row) {
+                    for (int c = 0; c < k / GEMV_IL_CHUNK_K; ++c) {
+                        const uint8_t * chunk = iln.data() + row/16*gemv_il_tile_bytes(type, k) + (int64_t) c*gemv_il_chunk_bytes(type);
+                        const uint8_t * blk = wn.data() + row*gemv_il_row_bytes(type, k) + (int64_t) c*gemv_il_block_bytes(type);
+                        for (int j = 0; j < 8; ++j) {
+                            float d;
+                            int8_t qs[32];
+                            gemv_il_w4a8_q8_0([&](int off) { return chunk[gemv_il_w4a8_il_offset((int) (row % 16), off)]; },
+                                              ref_w4a8_levels(), j, d, qs);
+                            const uint8_t s0 = blk[GEMV_IL_W4A8_SR + 2*j], s1 = blk[GEMV_IL_W4A8_SR + 2*j + 1];
+                            const bool nan = std::isnan(ref_e4m3_to_float(s0)) || std::isnan(ref_e4m3_to_float(s1));
+                            float dref;
+                            memcpy(&dref, blk, 4);
+                            q8 = q8 && (nan ? std::isnan(d) : d == dref);
+                            for (int i = 0; i < 32; ++i) {
+                                const int code = (blk[GEMV_IL_W4A8_QS + 16*j + i/2] >> (4*(i & 1))) & 15;
+                                q8 = q8 && qs[i] == (nan ? 0 : ref_w4a8_levels()[16*(i < 16 ? s0 : s1) + code]);
+                            }
+                        }
+                    }
+                }
+                printf("w4a8 expansion to Q8_0 k=%d n=%d: %s\n", k, n, q8 ? "ok" : "FAILED");
+                q8 ? ++passed : ++failed;
             }
 
             // 2. the kernel's arithmetic on the interleaved tensor, for every M and several K splits

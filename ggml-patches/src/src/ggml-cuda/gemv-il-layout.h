@@ -23,6 +23,7 @@
 // is a byte permutation inside each tile: same size as ggml's, invertible, and done tile by tile in place.
 #pragma once
 
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -323,6 +324,30 @@ GEMV_IL_HD int gemv_il_w4a8_il_offset(int row, int off) {
     const int p = off - GEMV_IL_W4A8_QS, b = p >> 4, i = p & 15;
     const int word = 128*(b >> 1) + 4*(4*g + ((i & 7) >> 1)) + 2*(b & 1) + hi;
     return 4*word + 2*(i >> 3) + (i & 1);
+}
+
+// The 4-byte field at byte off of a W4A8 block whose bytes `byte(off)` reads (d, the codebook id).
+template <typename Byte>
+GEMV_IL_HD uint32_t gemv_il_w4a8_word(Byte byte, int off) {
+    return (uint32_t) byte(off) | (uint32_t) byte(off + 1) << 8 | (uint32_t) byte(off + 2) << 16 | (uint32_t) byte(off + 3) << 24;
+}
+
+// W4A8 -> Q8_0 (the prefill's expansion, as ggml_pyqwen_w4a8_to_q8_0): the 32-column block j (0..7) of a
+// W4A8 block whose bytes `byte(off)` reads (off = the byte in ggml's block), with its codebook's table:
+// d = the row scale (NaN when either 16-group's scale is NaN) and the 32 int8 levels (0 then).
+template <typename Byte>
+GEMV_IL_HD void gemv_il_w4a8_q8_0(Byte byte, const int8_t * levels, int j, float & d, int8_t qs[32]) {
+    const uint8_t s0 = byte(GEMV_IL_W4A8_SR + 2*j), s1 = byte(GEMV_IL_W4A8_SR + 2*j + 1);
+    const bool nan = (s0 & 0x7F) == 0x7F || (s1 & 0x7F) == 0x7F;
+    const uint32_t bits = gemv_il_w4a8_word(byte, 0);
+    memcpy(&d, &bits, 4);
+    d = nan ? NAN : d;
+    for (int m = 0; m < 16; ++m) { // code byte m: columns 2m, 2m+1, in 16-group 2j + m/8
+        const uint8_t q = byte(GEMV_IL_W4A8_QS + 16*j + m);
+        const int8_t * lv = levels + 16*(m < 8 ? s0 : s1);
+        qs[2*m]     = nan ? 0 : lv[q & 15];
+        qs[2*m + 1] = nan ? 0 : lv[q >> 4];
+    }
 }
 
 // Which of rows g (bit 0) and g+8 (bit 1) have a NaN scale byte (e4m3fn: 0x7F, 0xFF) in the scale word sw:

@@ -683,8 +683,8 @@ static void gemv_il_deinterleave_cuda(const int type, const uint8_t * src, uint8
 }
 
 // W4A8 rows [row0, row0 + rows) -> Q8_0 rows at dst, for a prefill (upstream has no W4A8 kernel): the
-// blocks of ggml_pyqwen_w4a8_to_q8_0 (int8 levels, the row's d in fp16, NaN for a NaN scale), read from
-// the interleaved full tiles (rows < n_il) or ggml's rows (the partial last tile). A thread a Q8_0 block.
+// blocks of gemv_il_w4a8_q8_0, d in fp16, read from the interleaved full tiles (rows < n_il) or ggml's
+// rows (the partial last tile). A thread a Q8_0 block.
 // luts: the level tables by codebook id; ids index it modulo its size, as in the GEMV.
 static __global__ void gemv_il_w4a8_to_q8_0(const uint8_t * src, block_q8_0 * dst, const int8_t * const * luts,
                                             const int64_t k, const int64_t row0, const int64_t rows, const int64_t n_il) {
@@ -698,20 +698,11 @@ static __global__ void gemv_il_w4a8_to_q8_0(const uint8_t * src, block_q8_0 * ds
                                       : src + row*gemv_il_row_bytes(GEMV_IL_W4A8, k) + c*gemv_il_block_bytes(GEMV_IL_W4A8);
     const int r = (int) (row % GEMV_IL_TILE_ROWS);
     const auto byte = [&](const int off) { return row < n_il ? base[gemv_il_w4a8_il_offset(r, off)] : base[off]; };
-    const auto word = [&](const int off) {
-        return (uint32_t) byte(off) | (uint32_t) byte(off + 1) << 8 | (uint32_t) byte(off + 2) << 16 | (uint32_t) byte(off + 3) << 24;
-    };
-    const int8_t * levels = luts[word(GEMV_IL_W4A8_CB) & (GEMV_IL_W4A8_CODEBOOKS - 1)];
-    const uint8_t s0 = byte(GEMV_IL_W4A8_SR + 2*j), s1 = byte(GEMV_IL_W4A8_SR + 2*j + 1);
-    const bool nan = (s0 & 0x7F) == 0x7F || (s1 & 0x7F) == 0x7F;
+    const int8_t * levels = luts[gemv_il_w4a8_word(byte, GEMV_IL_W4A8_CB) & (GEMV_IL_W4A8_CODEBOOKS - 1)];
     block_q8_0 & out = dst[(row - row0)*per_row + b32];
-    out.d = __float2half(nan ? NAN : __uint_as_float(word(0)));
-    for (int m = 0; m < 16; ++m) { // code byte m: columns 2m, 2m+1, in 16-group 2j + m/8
-        const uint8_t q = byte(GEMV_IL_W4A8_QS + 16*j + m);
-        const int8_t * lv = levels + 16*(m < 8 ? s0 : s1);
-        out.qs[2*m]     = nan ? 0 : lv[q & 15];
-        out.qs[2*m + 1] = nan ? 0 : lv[q >> 4];
-    }
+    float d;
+    gemv_il_w4a8_q8_0(byte, levels, j, d, out.qs);
+    out.d = __float2half(d);
 }
 
 // Warps per CTA: the largest split whose CTAs all fit on the GPU at once (one wave, no tail), else 4
