@@ -37,7 +37,8 @@ static struct ggml_tensor * deltanet_block(struct pq_ctx * ctx, struct ggml_cont
 
     /* decode and draft-verify passes: one op for the conv step, SiLU, q/k norms, decay and beta (its
      * CUDA kernel keeps a head's channels and conv state in registers: the limits of every Qwen3.x) */
-    const bool prep = n <= PQ_DELTANET_PREP_MAX_TOKENS && S <= 512 && K1 <= 7;
+    const bool prep = n <= PQ_DELTANET_PREP_MAX_TOKENS && S <= GGML_PYQWEN_DELTANET_PREP_CUDA_MAX_HEAD &&
+                      K1 + 1 <= GGML_PYQWEN_DELTANET_PREP_CUDA_MAX_K;
     struct ggml_tensor * qkv, * z, * beta, * alpha;                              /* [C | HV*S | HV | HV, n] */
     if (L->in_proj) {
         struct ggml_tensor * y = pq_linear(m, c, L->in_proj, h);

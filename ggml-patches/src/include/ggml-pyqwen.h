@@ -99,6 +99,9 @@ extern "C" {
             struct ggml_tensor  * a,
             int                   n_k_heads,
             float                 eps);
+    // Its CUDA kernel runs a thread a channel with the conv state in registers: heads of up to this many
+    // channels (S) and conv kernels up to this wide (K); the CUDA backend reports larger ones unsupported.
+    enum { GGML_PYQWEN_DELTANET_PREP_CUDA_MAX_HEAD = 512, GGML_PYQWEN_DELTANET_PREP_CUDA_MAX_K = 8 };
 
 #ifdef __cplusplus
 }

@@ -11,8 +11,8 @@
 #include "pyqwen-deltanet-step.h"
 
 #define PQD_GROUP    8
-#define PQD_MAX_K1   7    // conv kernels up to 8 wide (Qwen3.5 and Qwen3-Next: 4)
-#define PQD_MAX_HEAD 512  // channels a head, one thread each (Qwen3.5: 128)
+#define PQD_MAX_K1   (GGML_PYQWEN_DELTANET_PREP_CUDA_MAX_K - 1) // Qwen3.5 and Qwen3-Next: 3
+#define PQD_MAX_HEAD GGML_PYQWEN_DELTANET_PREP_CUDA_MAX_HEAD     // one thread a channel (Qwen3.5: 128)
 
 // The conv + SiLU of one channel for the nt tokens of a group (its inputs x[tok*sx]); st and w in registers.
 template <int K1>
