@@ -454,6 +454,7 @@ static void run_token(int type, double ceil_gbs, cudaStream_t st) {
     CUDA_CHECK(cudaMemsetAsync(x.p, 0, (size_t) 12288*GEMV_IL_MAX_TOKENS*sizeof(float), st));
     std::vector<int> nwarps;
     for (const gemv & g : seq) nwarps.push_back(pick_nwarps(g.type, g.n, g.k));
+    if (type == GEMV_IL_W4A8) device_w4a8_luts();  // made before the capture, which cannot allocate
     const char * pdl = getenv("GGML_CUDA_PDL");
     printf("\n| %s token, PDL %s | M | us per token | GEMV launches | GB | TB/s | %% of read |\n|---|---|---|---|---|---|---|\n",
            type_name(type), pdl && atoi(pdl) == 0 ? "off" : "on");

@@ -304,10 +304,10 @@ static __global__ void gemv_il_argmax_rows(const unsigned long long * keys, int3
 }
 
 // Register stages of gemv_il_mul_mat per type, from a 9B decode token's 129 GEMVs on the H200
-// (bench/RESULTS.md, seventh session): a second stage hides the longer chunk math of Q4_K (-9%) and
-// the longer loads of Q8_0 (-5%); it costs Q4_0 11% and does nothing for Q6_K.
+// (bench/RESULTS.md, seventh and eighth sessions): a second stage hides the longer chunk math of Q4_K
+// (-9%) and W4A8 (-3%) and the longer loads of Q8_0 (-5%); it costs Q4_0 11% and does nothing for Q6_K.
 GEMV_IL_HD constexpr int gemv_il_stages(int type) {
-    return type == GEMV_IL_Q4_K || type == GEMV_IL_Q8_0 ? 2 : 1;
+    return type == GEMV_IL_Q4_K || type == GEMV_IL_Q8_0 || type == GEMV_IL_W4A8 ? 2 : 1;
 }
 
 // grid (ceil(n/16)), block (32 * nwarps, nwarps <= GEMV_IL_MAX_WARPS); dst[tok*stride_dst + row], with
