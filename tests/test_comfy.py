@@ -32,7 +32,8 @@ from upstream import upstream_llama  # noqa: F401  (the session fixture)
 
 PQ_W4A8 = 100
 # on a GPU (device.ON_GPU) the models run on CUDA, whose TF32 matmuls cost f32 parity 2e-2..7e-2
-# (test_parity); pq_w4a8 weights go there as Q8_0 (pq_w4a8_to_q8_0), the rotation stays on the CPU
+# (test_parity); pq_w4a8 weights stay 4-bit in the interleaved GEMV there (PYQWEN_GEMV=upstream: Q8_0,
+# pq_w4a8_to_q8_0), the rotation stays on the CPU
 F32_BOUND = 6e-2 if ON_GPU else 1e-4
 BLOCK = np.dtype([("d", "<f4"), ("cb", "<u4"), ("sr", "u1", (16,)), ("qs", "u1", (128,))])
 Q8_0 = np.dtype([("d", "<f2"), ("qs", "i1", (32,))])
@@ -157,8 +158,9 @@ def test_w4a8_bad_codebook_and_nan_scale():
 
 @pytest.mark.parametrize("with_codebook", [True, False], ids=["codebook", "uniform"])
 def test_w4a8_as_q8_0(with_codebook):
-    """How pq_w4a8 weights are stored on a GPU: Q8_0 blocks with the same int8 grid values and the
-    channel scale in fp16, so each value is the exact decode times fp16(d) / d (to float32 rounding);
+    """How pq_w4a8 weights are stored on a GPU outside the interleaved GEMV (whose prefill slabs get the
+    same blocks): Q8_0 blocks with the same int8 grid values and the channel scale in fp16, so each
+    value is the exact decode times fp16(d) / d (to float32 rounding);
     a 32-column block with a NaN scale group decodes to NaN; a part-block length is refused."""
     rng = np.random.default_rng(7 + with_codebook)
     codebook = np.sort(rng.normal(0, 0.6, 16)).astype(np.float32) if with_codebook else None

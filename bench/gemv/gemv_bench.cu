@@ -3,7 +3,7 @@
 // upstream ggml's quantize_q8_1 + mul_mat_vec_q on the same shapes. bench/gemv/run.sh builds and runs it.
 //
 //   gemv_bench [--quick]      --quick: correctness of the small shapes only
-//   gemv_bench --token TYPE   one decode token's GEMVs of the 9B shape in TYPE (q4_0, q4_k, q8_0; the head
+//   gemv_bench --token TYPE   one decode token's GEMVs of the 9B shape in TYPE (q4_0, q4_k, q8_0, w4a8; the head
 //                             Q6_K), each after its quantization, back to back in one CUDA graph
 #include "gemv-il.cuh"
 #include "gemv_ref.h"
@@ -50,9 +50,9 @@ void ggml_abort(const char * file, int line, const char * fmt, ...) {
     exit(1);
 }
 // the types of the harness, in the order they are checked and timed
-static const int gemv_types[] = {GEMV_IL_Q4_0, GEMV_IL_Q4_K, GEMV_IL_Q6_K, GEMV_IL_Q8_0};
+static const int gemv_types[] = {GEMV_IL_Q4_0, GEMV_IL_Q4_K, GEMV_IL_Q6_K, GEMV_IL_Q8_0, GEMV_IL_W4A8};
 static ggml_type ggml_type_of(int type) {
-    const ggml_type t[] = {GGML_TYPE_Q4_0, GGML_TYPE_Q8_0, GGML_TYPE_Q4_K, GGML_TYPE_Q6_K};  // by gemv_il_type
+    const ggml_type t[] = {GGML_TYPE_Q4_0, GGML_TYPE_Q8_0, GGML_TYPE_Q4_K, GGML_TYPE_Q6_K, GGML_TYPE_PQ_W4A8};  // by gemv_il_type
     return t[type];
 }
 int64_t ggml_blck_size(enum ggml_type type) {
@@ -81,7 +81,7 @@ std::unique_ptr<ggml_cuda_pool> ggml_backend_cuda_context::new_pool_for_device(i
 // Out-of-place re-layout of ntiles full tiles (src and dst do not overlap); one thread per word or scale.
 template <int type>
 static __global__ void gemv_il_relayout(const uint8_t * src, uint8_t * dst, const int64_t k, const int64_t ntiles, const bool inverse) {
-    constexpr int qwords = gemv_il_quant_bytes(type)/4;
+    constexpr int ub = gemv_il_quant_unit_bytes(type), qwords = gemv_il_quant_bytes(type)/ub;
     constexpr int units_per_chunk = qwords + gemv_il_meta_bytes(type)/2;
     const int64_t units_per_tile = k/GEMV_IL_CHUNK_K*units_per_chunk;
     for (int64_t u = (int64_t) blockIdx.x*blockDim.x + threadIdx.x; u < ntiles*units_per_tile; u += (int64_t) gridDim.x*blockDim.x) {
@@ -90,11 +90,11 @@ static __global__ void gemv_il_relayout(const uint8_t * src, uint8_t * dst, cons
         const int     v    = (int) (u % units_per_chunk);
         const bool    is_q = v < qwords;
         const int64_t o    = is_q ? gemv_il_quant_src_offset(type, k, c, v) : gemv_il_meta_src_offset(type, k, c, v - qwords);
-        const int64_t il   = (int64_t) c*gemv_il_chunk_bytes(type) + (is_q ? 4*v : gemv_il_quant_bytes(type) + 2*(v - qwords));
+        const int64_t il   = (int64_t) c*gemv_il_chunk_bytes(type) + (is_q ? ub*v : gemv_il_quant_bytes(type) + 2*(v - qwords));
         const uint16_t * s = (const uint16_t *) (src + base + (inverse ? il : o));
         uint16_t       * d = (uint16_t       *) (dst + base + (inverse ? o : il));
         d[0] = s[0];
-        if (is_q) {
+        if (is_q && ub == 4) {
             d[1] = s[1];
         }
     }
@@ -120,7 +120,7 @@ static void gemv_il_relayout_inplace_cuda(const int type, uint8_t * data, const 
 }
 
 static const char * type_name(int type) {
-    const char * names[] = {"q4_0", "q8_0", "q4_k", "q6_k"};  // by gemv_il_type
+    const char * names[] = {"q4_0", "q8_0", "q4_k", "q6_k", "w4a8"};  // by gemv_il_type
     return names[type];
 }
 
@@ -136,11 +136,8 @@ static void launch_quantize(const float * x, int k, int m, uint8_t * xq, float *
                             x, (int64_t) k, m, xq, xs, gemv_il_prologue_args{});
 }
 
-// The kernel variants built here: (type, register stages S). S = GEMV_BENCH_S is the default.
-#ifndef GEMV_BENCH_S
-#define GEMV_BENCH_S 1
-#endif
-using gemv_kernel_t = void (*)(const uint8_t *, const uint8_t *, const float *, float *, int, int, int, int64_t, gemv_il_epilogue);
+// The kernel variants built here: (type, register stages S); gemv_il_stages(type) is pyqwen's choice.
+using gemv_kernel_t = void (*)(const uint8_t *, const int8_t * const *, const uint8_t *, const float *, float *, int, int, int, int64_t, gemv_il_epilogue);
 static gemv_kernel_t gemv_kernel(int type, int s) {
     return gemv_il_dispatch(type, [s](auto t) -> gemv_kernel_t {
         return s == 1 ? gemv_il_mul_mat<decltype(t)::value, 1> : gemv_il_mul_mat<decltype(t)::value, 2>;
@@ -148,15 +145,34 @@ static gemv_kernel_t gemv_kernel(int type, int s) {
 }
 static const std::vector<int> gemv_stages = {1, 2};
 
+// W4A8's level tables on the device, by codebook id, as pyqwen's (gemv-il-ggml.cu): every id gemv_ref.h's
+// codebook, which ref_mul_mat decodes with (the token bench's weights are a byte pattern, ids included)
+static const int8_t * const * device_w4a8_luts() {
+    static const int8_t * const * luts = [] {
+        void * levels, * ptrs;
+        CUDA_CHECK(cudaMalloc(&levels, 256*16));
+        CUDA_CHECK(cudaMemcpy(levels, ref_w4a8_levels(), 256*16, cudaMemcpyHostToDevice));
+        const std::vector<const int8_t *> host(GEMV_IL_W4A8_CODEBOOKS, (const int8_t *) levels);
+        CUDA_CHECK(cudaMalloc(&ptrs, host.size()*sizeof(host[0])));
+        CUDA_CHECK(cudaMemcpy(ptrs, host.data(), host.size()*sizeof(host[0]), cudaMemcpyHostToDevice));
+        return (const int8_t * const *) ptrs;
+    }();
+    return luts;
+}
+
 static void launch_gemv(int type, int u, const uint8_t * w, const uint8_t * xq, const float * xs, float * y, int n, int k, int m, int nwarps, cudaStream_t st) {
     const ggml_cuda_kernel_launch_params p(dim3((n + 15)/16), dim3(nwarps*WARP_SIZE), 0, st);
-    ggml_cuda_kernel_launch(gemv_kernel(type, u), p, w, xq, xs, y, n, k, m, (int64_t) n, gemv_il_epilogue());
+    const int8_t * const * luts = type == GEMV_IL_W4A8 ? device_w4a8_luts() : nullptr;
+    ggml_cuda_kernel_launch(gemv_kernel(type, u), p, w, luts, xq, xs, y, n, k, m, (int64_t) n, gemv_il_epilogue());
 }
+
+// upstream has no kernel for pyqwen's W4A8 (pyqwen expands it to Q8_0 there: compare with the Q8_0 rows)
+static bool upstream_has(int type) { return type != GEMV_IL_W4A8; }
 
 static int pick_nwarps(int type, int64_t n, int64_t k) {
     return gemv_il_pick_nwarps(n, k, g_prop.multiProcessorCount, [type](int nw) {
         int c = 0;
-        CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&c, gemv_kernel(type, GEMV_BENCH_S), nw*WARP_SIZE, 0));
+        CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&c, gemv_kernel(type, gemv_il_stages(type)), nw*WARP_SIZE, 0));
         return c;
     });
 }
@@ -328,7 +344,7 @@ static void run_shape(int type, const shape & sh, uint64_t seed, cudaStream_t st
         // every variant and K split at m = 1 and 8, the default one at every m
         for (int u : gemv_stages) {
             for (int nw = 1; nw <= GEMV_IL_MAX_WARPS; nw *= 2) {
-                const bool deflt = u == GEMV_BENCH_S && nw == nw_auto;
+                const bool deflt = u == gemv_il_stages(type) && nw == nw_auto;
                 if (!deflt && m != 1 && m != GEMV_IL_MAX_TOKENS) continue;
                 CUDA_CHECK(cudaMemsetAsync(d_y.p, 0xFF, y.size()*4, st));
                 launch_gemv(type, u, d_il.as<uint8_t>(), d_xq.as<uint8_t>(), d_xs.as<float>(), d_y.as<float>(), n, k, m, nw, st);
@@ -345,7 +361,7 @@ static void run_shape(int type, const shape & sh, uint64_t seed, cudaStream_t st
             }
         }
 #ifdef GEMV_BENCH_UPSTREAM
-        {
+        if (upstream_has(type)) {
             // upstream on the ggml layout: checked loosely (its q8_1 activations differ from ours)
             dev_buf d_q8((size_t) m*GGML_PAD(k, MATRIX_ROW_PADDING)/32*sizeof(block_q8_1));
             CUDA_CHECK(cudaMemsetAsync(d_y.p, 0xFF, y.size()*4, st));
@@ -383,14 +399,14 @@ static void run_shape(int type, const shape & sh, uint64_t seed, cudaStream_t st
         row.nwarps = nw_auto;
         launch_quantize(d_x.as<float>(), k, m, d_xq.as<uint8_t>(), d_xs.as<float>(), st);
         row.ours_us = time_graph(st, len, [&](int i) {
-            launch_gemv(type, GEMV_BENCH_S, rot_il[i % nrot]->as<uint8_t>(), d_xq.as<uint8_t>(), d_xs.as<float>(), d_y.as<float>(), n, k, m, nw_auto, st);
+            launch_gemv(type, gemv_il_stages(type), rot_il[i % nrot]->as<uint8_t>(), d_xq.as<uint8_t>(), d_xs.as<float>(), d_y.as<float>(), n, k, m, nw_auto, st);
         });
         row.ours_q_us = time_graph(st, len, [&](int i) {
             launch_quantize(d_x.as<float>(), k, m, d_xq.as<uint8_t>(), d_xs.as<float>(), st);
-            launch_gemv(type, GEMV_BENCH_S, rot_il[i % nrot]->as<uint8_t>(), d_xq.as<uint8_t>(), d_xs.as<float>(), d_y.as<float>(), n, k, m, nw_auto, st);
+            launch_gemv(type, gemv_il_stages(type), rot_il[i % nrot]->as<uint8_t>(), d_xq.as<uint8_t>(), d_xs.as<float>(), d_y.as<float>(), n, k, m, nw_auto, st);
         });
 #ifdef GEMV_BENCH_UPSTREAM
-        row.up_us = time_graph(st, len, [&](int i) {
+        if (upstream_has(type)) row.up_us = time_graph(st, len, [&](int i) {
             launch_upstream(*up_ctx, type, rot_w[i % nrot]->as<uint8_t>(), d_x.as<float>(), d_q8.as<char>(), d_y.as<float>(), n, k, m, st);
         });
 #endif
@@ -401,7 +417,7 @@ static void run_shape(int type, const shape & sh, uint64_t seed, cudaStream_t st
                         launch_gemv(type, u, rot_il[i % nrot]->as<uint8_t>(), d_xq.as<uint8_t>(), d_xs.as<float>(), d_y.as<float>(), n, k, m, nw, st);
                     });
                     printf("     sweep %s k=%d n=%d m=%d S=%d nwarps=%2d: %8.2f us  %6.0f GB/s%s\n", tn, k, n, m, u, nw, us, wbytes/us*1e-3,
-                           u == GEMV_BENCH_S && nw == nw_auto ? "  (default)" : "");
+                           u == gemv_il_stages(type) && nw == nw_auto ? "  (default)" : "");
                 }
             }
         }
@@ -438,6 +454,7 @@ static void run_token(int type, double ceil_gbs, cudaStream_t st) {
     CUDA_CHECK(cudaMemsetAsync(x.p, 0, (size_t) 12288*GEMV_IL_MAX_TOKENS*sizeof(float), st));
     std::vector<int> nwarps;
     for (const gemv & g : seq) nwarps.push_back(pick_nwarps(g.type, g.n, g.k));
+    if (type == GEMV_IL_W4A8) device_w4a8_luts();  // made before the capture, which cannot allocate
     const char * pdl = getenv("GGML_CUDA_PDL");
     printf("\n| %s token, PDL %s | M | us per token | GEMV launches | GB | TB/s | %% of read |\n|---|---|---|---|---|---|---|\n",
            type_name(type), pdl && atoi(pdl) == 0 ? "off" : "on");
@@ -446,7 +463,7 @@ static void run_token(int type, double ceil_gbs, cudaStream_t st) {
             for (size_t i = 0; i < seq.size(); ++i) {
                 const gemv & g = seq[i];
                 launch_quantize(x.as<float>(), g.k, m, xq.as<uint8_t>(), xs.as<float>(), st);
-                launch_gemv(g.type, GEMV_BENCH_S, w.as<uint8_t>() + g.at, xq.as<uint8_t>(), xs.as<float>(), y.as<float>(),
+                launch_gemv(g.type, gemv_il_stages(g.type), w.as<uint8_t>() + g.at, xq.as<uint8_t>(), xs.as<float>(), y.as<float>(),
                             g.n, g.k, m, nwarps[i], st);
             }
         });
@@ -462,8 +479,8 @@ int main(int argc, char ** argv) {
     CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
     if (argc > 2 && std::string(argv[1]) == "--token") {
         const std::string t = argv[2];
-        const int type = t == "q4_0" ? GEMV_IL_Q4_0 : t == "q4_k" ? GEMV_IL_Q4_K : t == "q8_0" ? GEMV_IL_Q8_0 : -1;
-        if (type < 0) { fprintf(stderr, "--token takes q4_0, q4_k or q8_0\n"); return 2; }
+        const int type = t == "q4_0" ? GEMV_IL_Q4_0 : t == "q4_k" ? GEMV_IL_Q4_K : t == "q8_0" ? GEMV_IL_Q8_0 : t == "w4a8" ? GEMV_IL_W4A8 : -1;
+        if (type < 0) { fprintf(stderr, "--token takes q4_0, q4_k, q8_0 or w4a8\n"); return 2; }
         const double ceil_gbs = measure_read_ceiling(st);
         printf("read ceiling (4 GiB, 16-byte loads): %.0f GB/s\n", ceil_gbs);
         run_token(type, ceil_gbs, st);

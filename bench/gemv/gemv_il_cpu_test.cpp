@@ -3,7 +3,7 @@
 //  2. an emulation of gemv_il_mul_mat, lane by lane, with the layout header's own index math and
 //     fragment unpacking, the PTX ISA's mma.m16n8k32 fragment layout and __shfl_sync's lane choice,
 //     matches the float64 reference for every M, several K splits and partial tiles.
-// Build and run: c++ -O2 -std=c++17 -pthread -Iggml-patches/src/src/ggml-cuda bench/gemv/gemv_il_cpu_test.cpp -o /tmp/gemv_il_cpu_test && /tmp/gemv_il_cpu_test
+// Build and run (tests/test_gemv_layout.py does): c++ -O2 -std=c++17 -pthread -Iggml-patches/src/src/ggml-cuda bench/gemv/gemv_il_cpu_test.cpp -o /tmp/gemv_il_cpu_test && /tmp/gemv_il_cpu_test
 #include "gemv_ref.h"
 
 #include <cstdio>
@@ -77,12 +77,15 @@ static void emulate_load(int type, const uint8_t * tile, int nrows, int64_t k, i
             }
             continue;
         }
+        const int ub = gemv_il_quant_unit_bytes(type);
         for (int j = 0; j < gemv_il_loads(type); ++j) {
             for (int w = 0; w < 4; ++w) {
-                const int qi = j*(GEMV_IL_WARP_LOAD/4) + lane*4 + w;
-                uint32_t v = 0;
-                if (gemv_il_quant_src(type, qi).row < nrows) memcpy(&v, tile + gemv_il_quant_src_offset(type, k, c, qi), 4);
-                r[lane].q[j][w] = v;
+                uint8_t v[4] = {};
+                for (int u = 0; u < 4/ub; ++u) {
+                    const int qi = (j*(GEMV_IL_WARP_LOAD/4) + lane*4 + w)*(4/ub) + u;
+                    if (gemv_il_quant_src(type, qi).row < nrows) memcpy(v + ub*u, tile + gemv_il_quant_src_offset(type, k, c, qi), ub);
+                }
+                memcpy(&r[lane].q[j][w], v, 4);
             }
         }
         for (int i = 0; i < gemv_il_meta_words(type); ++i) {
@@ -117,7 +120,12 @@ static void emulate_chunk_dot(int type, const lane_chunk r[32], const uint8_t * 
             uint32_t a[32][4], b[32][2];
             float dx[32][2];
             for (int lane = 0; lane < 32; ++lane) {
-                gemv_il_frag_a(type, r[lane].q, 2*jp + h, a[lane]);
+                if (type == GEMV_IL_W4A8) { // the block's scale word from lane 4g + jp (__shfl_sync)
+                    const int8_t * const levels[2] = {ref_w4a8_levels(), ref_w4a8_levels()};
+                    gemv_il_w4a8_frag(r[lane].q, 2*jp + h, r[(lane & ~3) | jp].s[h], levels, a[lane]);
+                } else {
+                    gemv_il_frag_a(type, r[lane].q, 2*jp + h, a[lane]);
+                }
                 uint32_t xa[4];
                 memcpy(xa, xq + jp*GEMV_IL_WARP_LOAD + lane*16, 16);
                 b[lane][0] = xa[2*h];
@@ -156,6 +164,12 @@ static void emulate_chunk_dot(int type, const lane_chunk r[32], const uint8_t * 
                 continue;
             }
             emulate_mma<32>(a, b, c);
+            if (type == GEMV_IL_W4A8) {
+                for (int lane = 0; lane < 32; ++lane) {
+                    for (int i = 0; i < 4; ++i) accd[lane][i] += (float) c[lane][i] * dx[lane][i % 2];
+                }
+                continue;
+            }
             for (int lane = 0; lane < 32; ++lane) {
                 const int src = (lane & ~3) | jp;   // __shfl_sync source lane
                 const uint32_t bits = r[src].s[h];
@@ -172,6 +186,13 @@ static void emulate_chunk_dot(int type, const lane_chunk r[32], const uint8_t * 
             const uint32_t h = r[lane].s[4*(i / 2)];  // d | dmin << 16 of row g or g+8
             const float d = ref_half_to_float((uint16_t) h), dmin = ref_half_to_float((uint16_t) (h >> 16));
             acc[lane][i] += d*(accd[lane][i] + accd_hi[lane][i]*(1.0f/16.0f)) - dmin*mins[lane][i];
+        }
+    }
+    for (int lane = 0; type == GEMV_IL_W4A8 && lane < 32; ++lane) {
+        for (int i = 0; i < 4; ++i) {
+            float d;  // d[g] (s[2]) or d[g+8] (s[3])
+            memcpy(&d, &r[lane].s[2 + i/2], 4);
+            acc[lane][i] += accd[lane][i]*d;
         }
     }
     for (int lane = 0; type == GEMV_IL_Q6_K && lane < 32; ++lane) {
@@ -215,10 +236,10 @@ static void emulate_mul_mat(int type, const uint8_t * w, const uint8_t * xq, con
 
 int main() {
     int passed = 0, failed = 0;
-    const char * names[4] = {"q4_0", "q8_0", "q4_k", "q6_k"};
+    const char * names[5] = {"q4_0", "q8_0", "q4_k", "q6_k", "w4a8"};
     const int shapes[][2] = {{256, 16}, {256, 37}, {512, 5}, {768, 100}, {1280, 48}, {2048, 33}};  // {k, n}
     uint64_t seed = 1234;
-    for (int type : {GEMV_IL_Q4_0, GEMV_IL_Q8_0, GEMV_IL_Q4_K, GEMV_IL_Q6_K}) {
+    for (int type : {GEMV_IL_Q4_0, GEMV_IL_Q8_0, GEMV_IL_Q4_K, GEMV_IL_Q6_K, GEMV_IL_W4A8}) {
         for (const auto & sh : shapes) {
             const int k = sh[0], n = sh[1];
             const size_t wbytes = (size_t) n*gemv_il_row_bytes(type, k);
@@ -237,6 +258,52 @@ int main() {
             const bool rt = back == w && moved;
             printf("%s relayout round trip k=%d n=%d: %s\n", names[type], k, n, rt ? "ok" : "FAILED");
             rt ? ++passed : ++failed;
+            if (type == GEMV_IL_W4A8) { // the inverse map the prefill's expansion to Q8_0 reads with
+                bool inv = true;
+                for (int64_t t = 0; t < n / 16; ++t) {
+                    for (int c = 0; c < k / GEMV_IL_CHUNK_K; ++c) {
+                        for (int row = 0; row < 16; ++row) {
+                            for (int off = 0; off < gemv_il_block_bytes(type); ++off) {
+                                inv = inv && il[t*gemv_il_tile_bytes(type, k) + (int64_t) c*gemv_il_chunk_bytes(type) + gemv_il_w4a8_il_offset(row, off)]
+                                          == w[(t*16 + row)*gemv_il_row_bytes(type, k) + (int64_t) c*gemv_il_block_bytes(type) + off];
+                            }
+                        }
+                    }
+                }
+                printf("w4a8 inverse map k=%d n=%d: %s\n", k, n, inv ? "ok" : "FAILED");
+                inv ? ++passed : ++failed;
+
+                // the prefill's expansion to Q8_0 through that map, against ggml_pyqwen_w4a8_to_q8_0's rule
+                // read off ggml's bytes; one 16-group scale made NaN (its whole 32-block is NaN, levels 0)
+                std::vector<uint8_t> wn = w, iln(wbytes);
+                wn[(int64_t) 3 % n*gemv_il_row_bytes(type, k) + GEMV_IL_W4A8_SR + 5] = 0x7F;
+                iln = wn;
+                gemv_il_relayout_inplace_host(type, n, k, iln.data(), tmp.data(), false);
+                bool q8 = true;
+                for (int64_t row = 0; row < n / 16 * 16; ++row) {
+                    for (int c = 0; c < k / GEMV_IL_CHUNK_K; ++c) {
+                        const uint8_t * chunk = iln.data() + row/16*gemv_il_tile_bytes(type, k) + (int64_t) c*gemv_il_chunk_bytes(type);
+                        const uint8_t * blk = wn.data() + row*gemv_il_row_bytes(type, k) + (int64_t) c*gemv_il_block_bytes(type);
+                        for (int j = 0; j < 8; ++j) {
+                            float d;
+                            int8_t qs[32];
+                            gemv_il_w4a8_q8_0([&](int off) { return chunk[gemv_il_w4a8_il_offset((int) (row % 16), off)]; },
+                                              ref_w4a8_levels(), j, d, qs);
+                            const uint8_t s0 = blk[GEMV_IL_W4A8_SR + 2*j], s1 = blk[GEMV_IL_W4A8_SR + 2*j + 1];
+                            const bool nan = std::isnan(ref_e4m3_to_float(s0)) || std::isnan(ref_e4m3_to_float(s1));
+                            float dref;
+                            memcpy(&dref, blk, 4);
+                            q8 = q8 && (nan ? std::isnan(d) : d == dref);
+                            for (int i = 0; i < 32; ++i) {
+                                const int code = (blk[GEMV_IL_W4A8_QS + 16*j + i/2] >> (4*(i & 1))) & 15;
+                                q8 = q8 && qs[i] == (nan ? 0 : ref_w4a8_levels()[16*(i < 16 ? s0 : s1) + code]);
+                            }
+                        }
+                    }
+                }
+                printf("w4a8 expansion to Q8_0 k=%d n=%d: %s\n", k, n, q8 ? "ok" : "FAILED");
+                q8 ? ++passed : ++failed;
+            }
 
             // 2. the kernel's arithmetic on the interleaved tensor, for every M and several K splits
             std::vector<float> x((size_t) GEMV_IL_MAX_TOKENS*k), d((size_t) GEMV_IL_MAX_TOKENS*(k/32)), sum(d.size()), xs(2*gemv_il_xs_count(k));

@@ -10,7 +10,9 @@
 // which the GEMV computes without writing the product. Chains of a residual product and the next
 // block's input norm and projection check the sums of squares the first leaves for the second. ggml's
 // CPU backend is printed alongside: its K-quant products round the activations per 256 values (Q8_K),
-// the GPU kernels per 32, so it sits ~1e-2 away on those types whichever GPU kernel runs. Exit code
+// the GPU kernels per 32, so it sits ~1e-2 away on those types whichever GPU kernel runs. pyqwen's
+// PQ_W4A8 (random codes and scales, a non-uniform codebook) has no upstream kernel: its "upstream" is
+// upstream's Q8_0 kernels on its Q8_0 expansion (what pyqwen stores outside the GEMV). Exit code
 // non-zero on any failure.
 // Built and run by bench/cuda_ops_check.sh.
 #include "ggml.h"
@@ -18,6 +20,7 @@
 #include "ggml-backend.h"
 #include "ggml-cpu.h"
 #include "ggml-cuda.h"
+#include "ggml-pyqwen.h"
 
 #include <cmath>
 #include <cstdio>
@@ -117,6 +120,40 @@ static std::vector<double> exact_product(const std::vector<float> & w, const std
     return y;
 }
 
+// n rows of k random weights of `type` and what they decode to (wd). PQ_W4A8 has no quantizer: random
+// codes, scale bytes 0x28..0x47 (e4m3 0.5..3.75; so levels up to 28) and d, under a registered codebook.
+static std::vector<uint8_t> random_weights(ggml_type type, int k, int n, std::mt19937 & rng, std::vector<float> & wd) {
+    std::normal_distribution<float> nd;
+    std::vector<uint8_t> w(ggml_row_size(type, k)*n);
+    if (type == GGML_TYPE_PQ_W4A8) {
+        static const float codebook[16] = {-7.5f, -6.0f, -4.4f, -3.1f, -2.0f, -1.2f, -0.6f, -0.15f, 0.2f, 0.65f, 1.3f, 2.1f, 3.2f, 4.5f, 6.1f, 8.0f};
+        const int32_t id = ggml_pyqwen_w4a8_codebook(codebook);
+        for (size_t b = 0; b < w.size(); b += ggml_row_size(type, 256)) {
+            const float d = 0.01f*nd(rng);
+            memcpy(w.data() + b, &d, 4);
+            memcpy(w.data() + b + 4, &id, 4);
+            for (int i = 8; i < 24; ++i) w[b + i] = (uint8_t) (0x28 + rng() % 32);
+            for (int i = 24; i < 152; ++i) w[b + i] = (uint8_t) rng();
+        }
+    } else {
+        std::vector<float> f((size_t) k*n);
+        for (float & v : f) v = nd(rng);
+        ggml_quantize_chunk(type, f.data(), w.data(), 0, n, k, nullptr);
+    }
+    wd.resize((size_t) k*n);
+    ggml_get_type_traits(type)->to_float(w.data(), wd.data(), (int64_t) k*n);
+    return w;
+}
+
+// What upstream's CUDA kernels multiply for these weights: the weights, or W4A8's Q8_0 expansion.
+static ggml_type upstream_type(ggml_type type) { return type == GGML_TYPE_PQ_W4A8 ? GGML_TYPE_Q8_0 : type; }
+static std::vector<uint8_t> upstream_weights(ggml_type type, const std::vector<uint8_t> & w, int k, int n) {
+    if (type != GGML_TYPE_PQ_W4A8) return w;
+    std::vector<uint8_t> q8(ggml_row_size(GGML_TYPE_Q8_0, k)*n);
+    ggml_pyqwen_w4a8_to_q8_0(w.data(), q8.data(), (int64_t) k*n);
+    return q8;
+}
+
 static double rel_l2(const std::vector<float> & y, const std::vector<double> & ref) {
     double e2 = 0, r2 = 0;
     for (size_t i = 0; i < y.size(); ++i) {
@@ -132,19 +169,15 @@ int main() {
     std::mt19937 rng(std::random_device{}());
     std::normal_distribution<float> nd;
     int passed = 0, failed = 0;
-    const ggml_type types[] = { GGML_TYPE_Q4_0, GGML_TYPE_Q8_0, GGML_TYPE_Q4_K, GGML_TYPE_Q6_K };
+    const ggml_type types[] = { GGML_TYPE_Q4_0, GGML_TYPE_Q8_0, GGML_TYPE_Q4_K, GGML_TYPE_Q6_K, GGML_TYPE_PQ_W4A8 };
     // k, n; the second to fourth are the tiny test model's (tests/test_weight_types.py): stacked in_proj,
     // ffn_down, ssm_beta; the last is larger than the prefill path's 16 MiB slabs in every type
     const int shapes[][2] = { {256, 37}, {256, 776}, {512, 256}, {256, 4}, {512, 5}, {1024, 100}, {4096, 1000}, {4096, 8200} };
     for (ggml_type type : types) {
         for (const auto & s : shapes) {
             const int k = s[0], n = s[1];
-            std::vector<float> wf((size_t) k*n);
-            for (float & v : wf) v = nd(rng);
-            std::vector<uint8_t> w(ggml_row_size(type, k)*n);
-            ggml_quantize_chunk(type, wf.data(), w.data(), 0, n, k, nullptr);
-            std::vector<float> wd((size_t) k*n); // what the kernels multiply by
-            ggml_get_type_traits(type)->to_float(w.data(), wd.data(), (int64_t) k*n);
+            std::vector<float> wd; // what the kernels multiply by
+            const std::vector<uint8_t> w = random_weights(type, k, n, rng, wd), wu = upstream_weights(type, w, k, n);
             const bool large = (int64_t) k*n > (1 << 24); // the float64 reference is slow: two row counts
             for (int m : {1, 2, 3, 5, 8, 13, 24, 40, 64}) {
                 if (large && m != 5 && m != 40) continue;
@@ -165,7 +198,7 @@ int main() {
                 }
                 std::vector<uint8_t> back;
                 const std::vector<float> y  = mul_mat(gpu, ggml_backend_cuda_gemv_il_buffer_type(0), type, w, x, k, n, m, a, &back, pieces);
-                const std::vector<float> yu = mul_mat(gpu, ggml_backend_cuda_buffer_type(0), type, w, x, k, n, m, a, nullptr, false);
+                const std::vector<float> yu = mul_mat(gpu, ggml_backend_cuda_buffer_type(0), upstream_type(type), wu, x, k, n, m, a, nullptr, false);
                 const std::vector<float> yc = mul_mat(cpu, ggml_backend_cpu_buffer_type(), type, w, x, k, n, m, a, nullptr, false);
                 const std::vector<double> exact = exact_product(wd, x, k, n, m, a);
                 bool finite = true;
@@ -199,17 +232,9 @@ int main() {
     for (ggml_type type : types) {
         for (const auto & c : chains) {
             const int k = c[0], n = c[1], n2 = c[2];
-            const auto quantized = [&](int cols, int rows, std::vector<float> & deq) {
-                std::vector<float> f((size_t) cols*rows);
-                for (float & v : f) v = nd(rng);
-                std::vector<uint8_t> q(ggml_row_size(type, cols)*rows);
-                ggml_quantize_chunk(type, f.data(), q.data(), 0, rows, cols, nullptr);
-                deq.resize(f.size());
-                ggml_get_type_traits(type)->to_float(q.data(), deq.data(), (int64_t) cols*rows);
-                return q;
-            };
             std::vector<float> wd, wd2;
-            const std::vector<uint8_t> w = quantized(k, n, wd), w2 = quantized(n, n2, wd2);
+            const std::vector<uint8_t> w = random_weights(type, k, n, rng, wd), w2 = random_weights(type, n, n2, rng, wd2);
+            const std::vector<uint8_t> wu = upstream_weights(type, w, k, n), wu2 = upstream_weights(type, w2, n, n2);
             for (int m : {1, 3, 8, 13}) {
                 around a;
                 std::vector<float> x((size_t) k*m);
@@ -221,7 +246,9 @@ int main() {
                 a.norm2.resize(n);
                 for (float & v : a.norm2) v = 1.0f + 0.5f*nd(rng);
                 const std::vector<float> y  = mul_mat(gpu, ggml_backend_cuda_gemv_il_buffer_type(0), type, w, x, k, n, m, a, nullptr, true);
-                const std::vector<float> yu = mul_mat(gpu, ggml_backend_cuda_buffer_type(0), type, w, x, k, n, m, a, nullptr, false);
+                around au = a;
+                au.w2 = &wu2;
+                const std::vector<float> yu = mul_mat(gpu, ggml_backend_cuda_buffer_type(0), upstream_type(type), wu, x, k, n, m, au, nullptr, false);
                 // float64 through both products
                 const std::vector<double> y1 = exact_product(wd, x, k, n, m, a);
                 around a2;

@@ -51,6 +51,30 @@ static inline uint16_t ref_float_to_half(float f) {
     return (uint16_t) h;
 }
 
+// W4A8: e4m3fn byte -> float (NaN for 0x7F, 0xFF), and the level table of the checks' codebook, built as
+// pyqwen-w4a8.c builds it (round(value * scale) in float, half to even, clamped to +-127; 0 for NaN scales).
+// A non-uniform codebook, so that the table lookup is what is tested.
+static inline float ref_e4m3_to_float(uint8_t b) {
+    const int exp = (b >> 3) & 15, man = b & 7;
+    if ((b & 0x7F) == 0x7F) return NAN;
+    const float v = exp == 0 ? std::ldexp((float) man, -9) : std::ldexp(1.0f + man/8.0f, exp - 7);
+    return b & 0x80 ? -v : v;
+}
+static inline const int8_t * ref_w4a8_levels() {
+    static const std::vector<int8_t> table = [] {
+        const float values[16] = {-8.0f, -6.1f, -4.5f, -3.2f, -2.2f, -1.4f, -0.7f, -0.2f, 0.25f, 0.7f, 1.4f, 2.2f, 3.3f, 4.5f, 6.0f, 7.5f};
+        std::vector<int8_t> t(256*16);
+        for (int sc = 0; sc < 256; ++sc) {
+            for (int q = 0; q < 16; ++q) {
+                const float v = values[q]*ref_e4m3_to_float((uint8_t) sc);
+                t[16*sc + q] = std::isnan(v) ? 0 : (int8_t) std::nearbyint(std::fmin(std::fmax(v, -127.0f), 127.0f));
+            }
+        }
+        return t;
+    }();
+    return table.data();
+}
+
 template <typename F>
 static void ref_parallel_for(int64_t n, F f) {
     const int64_t nt = std::max(1u, std::thread::hardware_concurrency());
@@ -67,7 +91,8 @@ static inline uint16_t ref_random_scale(uint64_t & s, bool any_sign) {
 }
 
 // Random weight rows in ggml's block layout: any code, scales of both signs, magnitudes 2^-9..2^-4
-// (Q4_K: any 6-bit scales and mins, d of both signs, dmin > 0; Q6_K: any int8 scales, d of both signs).
+// (Q4_K: any 6-bit scales and mins, d of both signs, dmin > 0; Q6_K: any int8 scales, d of both signs;
+// W4A8: fp32 d of both signs, any scale byte but the NaNs, codebook id row % 2).
 static void ref_fill_weights(int type, int64_t n, int64_t k, uint8_t * w, uint64_t seed) {
     const int64_t rb = gemv_il_row_bytes(type, k), bs = gemv_il_block_bytes(type), bk = gemv_il_block_k(type);
     ref_parallel_for(n, [=](int64_t r) {
@@ -78,6 +103,17 @@ static void ref_fill_weights(int type, int64_t n, int64_t k, uint8_t * w, uint64
             memcpy(row + i, &v, std::min<int64_t>(8, rb - i));
         }
         for (int64_t b = 0; b < k/bk; ++b) {
+            if (type == GEMV_IL_W4A8) {
+                const float d = ref_half_to_float(ref_random_scale(s, true));
+                const uint32_t id = (uint32_t) (r % 2); // two ids, so that the round trip moves them
+                memcpy(row + b*bs, &d, 4);
+                memcpy(row + b*bs + GEMV_IL_W4A8_CB, &id, 4);
+                for (int g = 0; g < 16; ++g) {
+                    uint8_t & sr = row[b*bs + GEMV_IL_W4A8_SR + g];
+                    while ((sr & 0x7F) == 0x7F) sr = (uint8_t) ref_splitmix(s);
+                }
+                continue;
+            }
             const uint16_t d = ref_random_scale(s, true);
             memcpy(row + b*bs + (type == GEMV_IL_Q6_K ? GEMV_IL_Q6_K_D : 0), &d, 2);
             if (type == GEMV_IL_Q4_K) {
@@ -136,6 +172,18 @@ static void ref_interleave_activations(int64_t k, const int8_t * q, const float 
 static inline void ref_decode32(int type, const uint8_t * row, int64_t b, int v[32], double & a, double & c) {
     uint16_t h;
     c = 0.0;
+    if (type == GEMV_IL_W4A8) {  // ggml_pyqwen_w4a8_to_q8_0's values, times d
+        const uint8_t * sb = row + b/8*gemv_il_block_bytes(type);
+        const int j = (int) (b % 8);
+        float d;
+        memcpy(&d, sb, 4);
+        a = d;
+        for (int i = 0; i < 32; ++i) {
+            const int code = (sb[GEMV_IL_W4A8_QS + 16*j + i/2] >> (4*(i & 1))) & 15;
+            v[i] = ref_w4a8_levels()[16*sb[GEMV_IL_W4A8_SR + 2*j + i/16] + code];
+        }
+        return;
+    }
     if (type == GEMV_IL_Q6_K) {  // dequantize_row_q6_K: block j = 4*half + s of the super-block
         const uint8_t * sb = row + b/8*gemv_il_block_bytes(type);
         const int j = (int) (b % 8), half = j / 4, s = j % 4;

@@ -192,7 +192,7 @@ int  pq_load_rotation(struct pq_model * m, const struct gguf_context * g, const 
                       bool matmul_weight);
 /* attaches tensor `name`'s codebook (pyqwen.w4a8.codebook.<name>, else the uniform code) to its pq_w4a8 blocks */
 int  pq_load_codebook(const struct gguf_context * g, const char * name, void * blocks, int64_t n_blocks);
-/* the type a weight of this type is stored as on a GPU (pq_w4a8: Q8_0) */
+/* the type a weight of this type is stored as on a GPU outside the interleaved GEMV (pq_w4a8: Q8_0) */
 enum ggml_type pq_gpu_weight_type(enum ggml_type type);
 bool pq_gpu_can_multiply(ggml_backend_t gpu, const struct ggml_tensor * w, enum ggml_type type);
 int32_t pq_rotation(const struct pq_model * m, const struct ggml_tensor * w);

@@ -1,7 +1,8 @@
 /* Linear layers whose weights need more than ggml_mul_mat: weights stored in the Hadamard basis
  * of ComfyUI's ConvRot (their activations are rotated first, GGML_OP_PYQWEN_HADAMARD) and the
- * pyqwen-only type GGML_TYPE_PQ_W4A8 (its codebook is attached as it is read; on a GPU, which has no
- * kernel for the type yet, it is stored as Q8_0 with the same int8 values).
+ * pyqwen-only type GGML_TYPE_PQ_W4A8 (its codebook is attached as it is read; on a GPU the interleaved
+ * GEMV multiplies it as it is, and a GPU buffer that does not store it interleaved gets Q8_0 blocks with
+ * the same int8 values).
  *
  * GGUF metadata, written by pyqwen-convert (convert/comfy.py):
  *   pyqwen.requires                   string array; the pyqwen extensions the file needs

@@ -313,7 +313,7 @@ static int init_backends(struct pq_model * m, const pq_model_params * p) {
     return 0;
 }
 
-/* The GPU weights go to the interleaved buffer type: Q4_0/Q8_0/Q4_K/Q6_K matrices re-laid out once for
+/* The GPU weights go to the interleaved buffer type: Q4_0/Q8_0/Q4_K/Q6_K/W4A8 matrices re-laid out once for
  * the skinny GEMV of ggml-patches 0006, with its prologue fusions (other tensors are stored as in
  * ggml's CUDA buffer). PYQWEN_GEMV=upstream keeps ggml's layout and kernels, for comparisons. */
 static ggml_backend_buffer_type_t gpu_weight_buffer_type(const struct pq_model * m) {
@@ -322,6 +322,17 @@ static ggml_backend_buffer_type_t gpu_weight_buffer_type(const struct pq_model *
     if (!gemv || strcmp(gemv, "upstream") != 0) return ggml_backend_cuda_gemv_il_buffer_type(0);
 #endif
     return ggml_backend_get_default_buffer_type(m->backend_gpu);
+}
+
+/* Whether the GPU weight buffer stores w interleaved, so that the GEMV multiplies it whatever its type:
+ * GGML_TYPE_PQ_W4A8 stays 4-bit only there (elsewhere pq_gpu_weight_type expands it to Q8_0). */
+static bool gemv_stores(const struct pq_model * m, const struct ggml_tensor * w) {
+#ifdef PYQWEN_WITH_CUDA
+    return gpu_weight_buffer_type(m) == ggml_backend_cuda_gemv_il_buffer_type(0) && ggml_backend_cuda_gemv_il_stores(0, w);
+#else
+    (void) m; (void) w;
+    return false;
+#endif
 }
 
 int pq_model_load(const char * path, const pq_model_params * params, pq_model ** out) {
@@ -393,8 +404,9 @@ int pq_model_load(const char * path, const pq_model_params * params, pq_model **
         r->gpu = m->backend_gpu && (r->layer >= 0 ? r->layer >= m->hp.n_layer - m->n_gpu_layers : m->output_on_gpu);
         /* the embedding lookup is a gather: it stays on the CPU like upstream's input layer */
         if (r->dst == &m->tok_embd) r->gpu = false;
-        r->type = r->gpu ? pq_gpu_weight_type(r->src->type) : r->src->type;
-        if (r->gpu && !pq_gpu_can_multiply(m->backend_gpu, r->src, r->type)) {
+        const bool interleaved = r->gpu && gemv_stores(m, r->src);
+        r->type = r->gpu && !interleaved ? pq_gpu_weight_type(r->src->type) : r->src->type;
+        if (r->gpu && !interleaved && !pq_gpu_can_multiply(m->backend_gpu, r->src, r->type)) {
             r->gpu = false;
             r->type = r->src->type;
         }

@@ -1,8 +1,8 @@
 // gemv-il-ggml.cu: the CUDA_IL buffer type and the MUL_MAT entry of the interleaved skinny GEMV
 // (bench/gemv/README.md, "The ggml path").
 //
-// The buffer is plain cudaMalloc memory. Eligible tensors (Q4_0, Q8_0, Q4_K, Q6_K; 2-D, contiguous, K a
-// multiple of 256; NVIDIA Ampere or newer) are permuted on the host as they are uploaded and
+// The buffer is plain cudaMalloc memory. Eligible tensors (Q4_0, Q8_0, Q4_K, Q6_K, PQ_W4A8; 2-D, contiguous,
+// K a multiple of 256; NVIDIA Ampere or newer) are permuted on the host as they are uploaded and
 // un-permuted as they are downloaded, tile batch by tile batch through a small host staging
 // buffer, so no extra device memory is used and every reader through the backend API sees ggml's
 // bytes. Other tensors behave as in the plain CUDA buffer. cpy_tensor refuses, so no device copy
@@ -11,9 +11,12 @@
 #include "gemv-il.cuh"
 #include "ggml-backend-impl.h"
 #include "ggml-cuda.h"
+#include "pyqwen-w4a8.h"
 
 #include <algorithm>
+#include <cstddef>
 #include <cstdlib>
+#include <cstring>
 #include <atomic>
 #include <mutex>
 #include <vector>
@@ -25,11 +28,10 @@ struct gemv_il_buffer_context {
     void * dev_ptr;
 };
 
-// The CUDA buffer's padding rule: upstream's quantized kernels read a quantized tensor's last row on to a
-// multiple of MATRIX_ROW_PADDING columns, which must be zeros.
-static size_t gemv_il_row_padding(const ggml_tensor * t) {
-    return ggml_is_quantized(t->type) && t->ne[0] % MATRIX_ROW_PADDING != 0 ?
-        ggml_row_size(t->type, MATRIX_ROW_PADDING - t->ne[0] % MATRIX_ROW_PADDING) : 0;
+// The CUDA buffer's padding rule: upstream's quantized kernels read a quantized matrix's last row (of ne0
+// values) on to a multiple of MATRIX_ROW_PADDING columns, which must be zeros.
+static size_t gemv_il_row_padding(const ggml_type type, const int64_t ne0) {
+    return ggml_is_quantized(type) && ne0 % MATRIX_ROW_PADDING != 0 ? ggml_row_size(type, MATRIX_ROW_PADDING - ne0 % MATRIX_ROW_PADDING) : 0;
 }
 
 static int gemv_il_type(const ggml_type type) {
@@ -38,6 +40,7 @@ static int gemv_il_type(const ggml_type type) {
         case GGML_TYPE_Q8_0: return GEMV_IL_Q8_0;
         case GGML_TYPE_Q4_K: return GEMV_IL_Q4_K;
         case GGML_TYPE_Q6_K: return GEMV_IL_Q6_K;
+        case GGML_TYPE_PQ_W4A8: return GEMV_IL_W4A8;
         default:             return -1;
     }
 }
@@ -69,18 +72,77 @@ bool ggml_cuda_gemv_il_owns(const ggml_tensor * src0) {
     return gemv_il_eligible(src0, ((gemv_il_buffer_context *) src0->buffer->context)->device);
 }
 
+bool ggml_backend_cuda_gemv_il_stores(const int device, const ggml_tensor * tensor) {
+    return device >= 0 && device < ggml_backend_cuda_get_device_count() && gemv_il_eligible(tensor, device);
+}
+
+// ---- W4A8's level tables ----
+
+// On each device: a table of GEMV_IL_W4A8_CODEBOOKS pointers by codebook id, every entry first pointing at
+// the uniform codebook's levels, and a copy (4 KiB) of each codebook an upload carries. Made on first use
+// and kept for the process, like the codebooks themselves (pyqwen-w4a8.c): captured graphs point into them.
+struct gemv_il_w4a8_tables {
+    const int8_t ** table = nullptr;  // device
+    std::vector<bool> loaded;         // host: which ids have their own levels in the table
+};
+static std::mutex gemv_il_w4a8_mutex;
+static gemv_il_w4a8_tables gemv_il_w4a8[GGML_CUDA_MAX_DEVICES];
+
+static const int8_t * gemv_il_w4a8_upload(const uint32_t id) {
+    void * p = nullptr;
+    CUDA_CHECK(cudaMalloc(&p, 256*16));
+    CUDA_CHECK(cudaMemcpy(p, ggml_pyqwen_w4a8_levels(id), 256*16, cudaMemcpyHostToDevice));
+    return (const int8_t *) p;
+}
+
+// The device's table; with `ids` (n of them), after making every registered codebook among them its own entry.
+static const int8_t * const * gemv_il_w4a8_luts(const int device, const uint32_t * ids = nullptr, const size_t n = 0) {
+    std::lock_guard<std::mutex> lock(gemv_il_w4a8_mutex);
+    gemv_il_w4a8_tables & t = gemv_il_w4a8[device];
+    if (t.table == nullptr) {
+        const std::vector<const int8_t *> uniform(GEMV_IL_W4A8_CODEBOOKS, gemv_il_w4a8_upload(0));
+        CUDA_CHECK(cudaMalloc(&t.table, uniform.size()*sizeof(uniform[0])));
+        CUDA_CHECK(cudaMemcpy(t.table, uniform.data(), uniform.size()*sizeof(uniform[0]), cudaMemcpyHostToDevice));
+        t.loaded.assign(GEMV_IL_W4A8_CODEBOOKS, false);
+        t.loaded[0] = true;
+    }
+    for (size_t i = 0; i < n; ++i) {
+        const uint32_t id = ids[i];
+        if (id < GEMV_IL_W4A8_CODEBOOKS && !t.loaded[id] && ggml_pyqwen_w4a8_levels(id) != nullptr) {
+            const int8_t * levels = gemv_il_w4a8_upload(id);
+            CUDA_CHECK(cudaMemcpy(t.table + id, &levels, sizeof(levels), cudaMemcpyHostToDevice));
+            t.loaded[id] = true;
+        }
+    }
+    return t.table;
+}
+
+// The codebook ids of the whole W4A8 blocks among bytes [offset, offset + size) of a tensor, given at `data`.
+static std::vector<uint32_t> gemv_il_w4a8_ids(const uint8_t * data, const size_t offset, const size_t size) {
+    const size_t bs = sizeof(block_pq_w4a8);
+    std::vector<uint32_t> ids;
+    for (size_t b = (offset + bs - 1)/bs*bs; b + bs <= offset + size; b += bs) {
+        uint32_t id;
+        memcpy(&id, data + (b - offset) + offsetof(block_pq_w4a8, cb), sizeof(id));
+        if (ids.empty() || ids.back() != id) {
+            ids.push_back(id);
+        }
+    }
+    return ids;
+}
+
 // ---- MUL_MAT ----
 
-using gemv_il_kernel_t = void (*)(const uint8_t *, const uint8_t *, const float *, float *, int, int, int, int64_t, gemv_il_epilogue);
+using gemv_il_kernel_t = void (*)(const uint8_t *, const int8_t * const *, const uint8_t *, const float *, float *, int, int, int, int64_t, gemv_il_epilogue);
 
 static gemv_il_kernel_t gemv_il_kernel(const int type) {
-    return gemv_il_dispatch(type, [](auto t) -> gemv_il_kernel_t { return gemv_il_mul_mat<decltype(t)::value, 1>; });
+    return gemv_il_dispatch(type, [](auto t) -> gemv_il_kernel_t { constexpr int T = decltype(t)::value; return gemv_il_mul_mat<T, gemv_il_stages(T)>; });
 }
 
 // CTAs per SM of the GEMV at each warp count: a property of the kernel and the device, asked of the
 // CUDA runtime once per process (threads that race here store the same value).
 static int gemv_il_ctas_per_sm(const int device, const int type, const int nwarps) {
-    static std::atomic<int> cache[GGML_CUDA_MAX_DEVICES][GEMV_IL_Q6_K + 1][GEMV_IL_MAX_WARPS + 1]; // 0: not asked yet
+    static std::atomic<int> cache[GGML_CUDA_MAX_DEVICES][GEMV_IL_NTYPES][GEMV_IL_MAX_WARPS + 1]; // 0: not asked yet
     std::atomic<int> & cached = cache[device][type][nwarps];
     int c = cached.load(std::memory_order_relaxed);
     if (c == 0) {
@@ -113,6 +175,7 @@ static void gemv_il_launch(ggml_backend_cuda_context & ctx, const ggml_tensor * 
     const int type = gemv_il_type(src0->type);
     const int64_t k = src0->ne[0], n = src0->ne[1];
     const int nwarps = gemv_il_nwarps(ctx.device, type, n, k);
+    const int8_t * const * luts = type == GEMV_IL_W4A8 ? gemv_il_w4a8_luts(ctx.device) : nullptr;
     ggml_cuda_pool_alloc<uint8_t> xq(ctx.pool(), gemv_il_xq_bytes(k));
     ggml_cuda_pool_alloc<float>   xs(ctx.pool(), 2*gemv_il_xs_count(k));
     const int64_t stride_dst = dst->nb[1]/sizeof(float);
@@ -135,7 +198,7 @@ static void gemv_il_launch(ggml_backend_cuda_context & ctx, const ggml_tensor * 
             x + m0*stride_x, stride_x, mm, xq.get(), xs.get(), p);
         ggml_cuda_kernel_launch(gemv_il_kernel(type),
             ggml_cuda_kernel_launch_params(dim3((n + GEMV_IL_TILE_ROWS - 1)/GEMV_IL_TILE_ROWS), dim3(nwarps*WARP_SIZE), 0, ctx.stream()),
-            (const uint8_t *) src0->data, (const uint8_t *) xq.get(), (const float *) xs.get(),
+            (const uint8_t *) src0->data, luts, (const uint8_t *) xq.get(), (const float *) xs.get(),
             (float *) dst->data + m0*stride_dst, (int) n, (int) k, mm, stride_dst, ep);
     }
     if (argmax) {
@@ -176,9 +239,23 @@ static void gemv_il_plain_rows(const ggml_tensor * src0, const int64_t row0, con
     if (rows > done) {
         CUDA_CHECK(cudaMemcpyAsync(plain + done*row_bytes, src + done*row_bytes, (rows - done)*row_bytes, cudaMemcpyDeviceToDevice, stream));
     }
-    const size_t padding = gemv_il_row_padding(src0);
+    const size_t padding = gemv_il_row_padding(src0->type, k);
     if (padding > 0) {
         CUDA_CHECK(cudaMemsetAsync(plain + rows*row_bytes, 0, padding, stream));
+    }
+}
+
+// The same rows of a W4A8 src0 expanded to Q8_0 at q8 (upstream's kernels have none for W4A8), then the
+// Q8_0 row padding.
+static void gemv_il_q8_0_rows(const int device, const ggml_tensor * src0, const int64_t row0, const int64_t rows, uint8_t * q8,
+                              cudaStream_t stream) {
+    const int64_t k = src0->ne[0], blocks = rows*(k/32);
+    gemv_il_w4a8_to_q8_0<<<(unsigned) ((blocks + 255)/256), 256, 0, stream>>>((const uint8_t *) src0->data, (block_q8_0 *) q8,
+        gemv_il_w4a8_luts(device), k, row0, rows, src0->ne[1]/GEMV_IL_TILE_ROWS*GEMV_IL_TILE_ROWS);
+    CUDA_CHECK(cudaGetLastError());
+    const size_t padding = gemv_il_row_padding(GGML_TYPE_Q8_0, k);
+    if (padding > 0) {
+        CUDA_CHECK(cudaMemsetAsync(q8 + rows*ggml_row_size(GGML_TYPE_Q8_0, k), 0, padding, stream));
     }
 }
 
@@ -194,17 +271,25 @@ void ggml_cuda_mul_mat_gemv_il(ggml_backend_cuda_context & ctx, const ggml_tenso
         return;
     }
 
-    const size_t row_bytes = ggml_row_size(src0->type, k);
+    const ggml_type slab_type = src0->type == GGML_TYPE_PQ_W4A8 ? GGML_TYPE_Q8_0 : src0->type;
+    const size_t row_bytes = ggml_row_size(slab_type, k);
     // whole tiles, and a multiple of the 128 rows of mmq's tile so that only the last slab may need its fallback
     const int64_t slab_rows = std::max<int64_t>(1, (int64_t) (gemv_il_slab_bytes() / (128*row_bytes))) * 128;
     const int64_t max_rows = std::min(slab_rows, n);
-    ggml_cuda_pool_alloc<uint8_t> plain(ctx.pool(), max_rows*row_bytes + gemv_il_row_padding(src0));
+    ggml_cuda_pool_alloc<uint8_t> plain(ctx.pool(), max_rows*row_bytes + gemv_il_row_padding(slab_type, k));
     for (int64_t row0 = 0; row0 < n; row0 += slab_rows) {
         const int64_t rows = std::min(slab_rows, n - row0);
-        gemv_il_plain_rows(src0, row0, rows, plain.get(), ctx.stream());
+        if (slab_type != src0->type) {
+            gemv_il_q8_0_rows(ctx.device, src0, row0, rows, plain.get(), ctx.stream());
+        } else {
+            gemv_il_plain_rows(src0, row0, rows, plain.get(), ctx.stream());
+        }
         ggml_tensor w = *src0; // in the same buffer, but the data is the slab's: not owned
+        w.type  = slab_type;
         w.data  = plain.get();
         w.ne[1] = rows;
+        w.nb[0] = ggml_type_size(slab_type);
+        w.nb[1] = row_bytes;
         w.nb[2] = w.nb[3] = rows*row_bytes;
         ggml_tensor d = *dst;  // the slab's rows of every token row: a strided view
         d.data  = (char *) dst->data + row0*sizeof(float);
@@ -442,12 +527,18 @@ static void * gemv_il_buffer_get_base(ggml_backend_buffer_t buffer) {
     return ((gemv_il_buffer_context *) buffer->context)->dev_ptr;
 }
 
-// As the CUDA buffer: zero the row padding that upstream's quantized kernels read.
+// As the CUDA buffer: zero the row padding that upstream's quantized kernels read. A W4A8 weight makes its
+// device's level tables now, not inside a graph capture.
 static ggml_status gemv_il_buffer_init_tensor(ggml_backend_buffer_t buffer, ggml_tensor * tensor) {
-    const size_t padding = gemv_il_row_padding(tensor);
+    const int device = ((gemv_il_buffer_context *) buffer->context)->device;
+    const size_t padding = gemv_il_row_padding(tensor->type, tensor->ne[0]);
     if (tensor->view_src == nullptr && padding > 0) {
-        ggml_cuda_set_device(((gemv_il_buffer_context *) buffer->context)->device);
+        ggml_cuda_set_device(device);
         CUDA_CHECK(cudaMemset((char *) tensor->data + ggml_nbytes(tensor), 0, padding));
+    }
+    if (tensor->view_src == nullptr && tensor->type == GGML_TYPE_PQ_W4A8 && gemv_il_eligible(tensor, device)) {
+        ggml_cuda_set_device(device);
+        gemv_il_w4a8_luts(device);
     }
     return GGML_STATUS_SUCCESS;
 }
@@ -503,6 +594,10 @@ static void gemv_il_buffer_set_tensor(ggml_backend_buffer_t buffer, ggml_tensor 
     const int device = ((gemv_il_buffer_context *) buffer->context)->device;
     ggml_cuda_set_device(device);
     if (tensor->view_src == nullptr && gemv_il_eligible(tensor, device)) {
+        if (tensor->type == GGML_TYPE_PQ_W4A8) { // the GEMV looks the codebooks up on the device
+            const std::vector<uint32_t> ids = gemv_il_w4a8_ids((const uint8_t *) data, offset, size);
+            gemv_il_w4a8_luts(device, ids.data(), ids.size());
+        }
         gemv_il_transfer(tensor, (uint8_t *) data, offset, size, /*upload =*/ true);
     } else {
         CUDA_CHECK(cudaMemcpy((char *) tensor->data + offset, data, size, cudaMemcpyHostToDevice));
@@ -568,7 +663,7 @@ static size_t gemv_il_buft_get_alignment(ggml_backend_buffer_type_t) {
 }
 
 static size_t gemv_il_buft_get_alloc_size(ggml_backend_buffer_type_t, const ggml_tensor * tensor) {
-    return ggml_nbytes(tensor) + gemv_il_row_padding(tensor);
+    return ggml_nbytes(tensor) + gemv_il_row_padding(tensor->type, tensor->ne[0]);
 }
 
 static const ggml_backend_buffer_type_i gemv_il_buft_interface = {

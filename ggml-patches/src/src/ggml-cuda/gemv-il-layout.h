@@ -3,22 +3,27 @@
 // Plain C++ with optional __host__ __device__ markers, so the same index math runs in the CUDA kernels,
 // in the host re-layout (set_tensor / tests) and in the CPU emulation of the kernel.
 //
-// Geometry. A ggml weight W[N, K] (Q4_0, Q8_0, Q4_K or Q6_K) is cut into tiles of 16 rows; a tile is
-// cut into chunks of 256 K (8 blocks of 32, or one K-quant super-block). A full tile is stored as its
-// chunks, one after the other, and a chunk as
-//   quants: (Q4_0, Q4_K: 4, Q6_K: 6, Q8_0: 8) warp loads of 512 bytes, lane l's 16 bytes = exactly the
-//           bytes of its mma.m16n8k32 A fragments (rows g = l/4 and g+8, k = 4t..4t+3 and 16+4t..,
-//           t = l%4; Q6_K: low nibbles and high bit pairs in separate loads), then
+// Geometry. A ggml weight W[N, K] (Q4_0, Q8_0, Q4_K, Q6_K or pyqwen's PQ_W4A8) is cut into tiles of 16
+// rows; a tile is cut into chunks of 256 K (8 blocks of 32, or one super-block of K-quants and W4A8). A
+// full tile is stored as its chunks, one after the other, and a chunk as
+//   quants: (Q4_0, Q4_K, W4A8: 4, Q6_K: 6, Q8_0: 8) warp loads of 512 bytes, lane l's 16 bytes = exactly
+//           the bytes of its mma.m16n8k32 A fragments (rows g = l/4 and g+8, k = 4t..4t+3 and 16+4t..,
+//           t = l%4; Q6_K: low nibbles and high bit pairs in separate loads; W4A8: the codes, which
+//           one table lookup per value turns into the fragments' int8), then
 //   meta:   256 bytes, lane l's 8 bytes = Q4_0/Q8_0: the fp16 scales of rows g and g+8 for blocks 2t
 //           and 2t+1; Q4_K: the 16 rows' 16-byte headers (d, dmin, 6-bit scales and mins) in row order,
 //           of which lane l loads those of rows g and g+8 (its group's 4 lanes load the same 32 bytes);
 //           Q6_K: the int8 scales of rows g and g+8 for the 16-groups of blocks 2t and 2t+1, then
-//           32 more bytes: the fp16 d of rows g and g+8 at 4*g, which the 4 lanes of group g all load.
+//           32 more bytes: the fp16 d of rows g and g+8 at 4*g, which the 4 lanes of group g all load;
+//           W4A8: the e4m3 scale bytes of rows g and g+8 for the 16-groups of blocks 2t and 2t+1, then
+//           64 bytes: the fp32 d of rows g and g+8 at 8*g (loaded by the 4 lanes of group g), then the
+//           16 rows' codebook ids (a kernel reads them once: every block of a row has its row's id).
 // So a warp streams a tile front to back with coalesced loads and no separate scale stream.
 // The N % 16 rows of a last, partial tile stay in ggml's row layout after the full tiles. The layout
 // is a byte permutation inside each tile: same size as ggml's, invertible, and done tile by tile in place.
 #pragma once
 
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -34,6 +39,8 @@ enum gemv_il_type {
     GEMV_IL_Q8_0 = 1,
     GEMV_IL_Q4_K = 2,
     GEMV_IL_Q6_K = 3,
+    GEMV_IL_W4A8 = 4, // GGML_TYPE_PQ_W4A8
+    GEMV_IL_NTYPES,
 };
 
 constexpr int GEMV_IL_TILE_ROWS     = 16;  // rows of the mma A tile
@@ -47,19 +54,29 @@ constexpr int GEMV_IL_MAX_TOKENS    = 8;   // the mma's N: token rows of the act
 // block_q6_K = ql[128] low nibbles, qh[64] high bit pairs, int8 scales[16] (one per 16 values), fp16 d
 // (256 values; value = d * scales[i/16] * (q6 - 32)), at these byte offsets:
 constexpr int GEMV_IL_Q6_K_QH = 128, GEMV_IL_Q6_K_SCALES = 192, GEMV_IL_Q6_K_D = 208;
+// block_pq_w4a8 (pyqwen-w4a8.h) = fp32 d, uint32 codebook id, 16 e4m3 scale bytes (one per 16 values),
+// 128 bytes of codes (column 2i in the low nibble of byte i, 2i+1 in the high one); 256 values, value =
+// d * levels[scale][code], levels the codebook's int8 table (256 scale bytes x 16 codes):
+constexpr int GEMV_IL_W4A8_CB = 4, GEMV_IL_W4A8_SR = 8, GEMV_IL_W4A8_QS = 24;
+constexpr int GEMV_IL_W4A8_CODEBOOKS = 1 << 16; // codebook ids a process can have (pyqwen-w4a8.c)
 
 GEMV_IL_HD constexpr int gemv_il_block_bytes(int type) {
-    return type == GEMV_IL_Q4_0 ? 18 : type == GEMV_IL_Q8_0 ? 34 : type == GEMV_IL_Q4_K ? 144 : 210;
+    return type == GEMV_IL_Q4_0 ? 18 : type == GEMV_IL_Q8_0 ? 34 : type == GEMV_IL_Q4_K ? 144 : type == GEMV_IL_Q6_K ? 210 : 152;
 }
-GEMV_IL_HD constexpr int gemv_il_block_k(int type)     { return type == GEMV_IL_Q4_K || type == GEMV_IL_Q6_K ? 256 : 32; }
+GEMV_IL_HD constexpr int gemv_il_block_k(int type)     { return type == GEMV_IL_Q4_0 || type == GEMV_IL_Q8_0 ? 32 : 256; }
 // per chunk: quant bytes (whole warp loads), then meta bytes (2-byte units)
 GEMV_IL_HD constexpr int gemv_il_quant_bytes(int type) { return type == GEMV_IL_Q8_0 ? 4096 : type == GEMV_IL_Q6_K ? 3072 : 2048; }
-GEMV_IL_HD constexpr int gemv_il_meta_bytes(int type)  { return type == GEMV_IL_Q6_K ? 288 : 256; }
+GEMV_IL_HD constexpr int gemv_il_meta_bytes(int type)  { return type == GEMV_IL_Q6_K ? 288 : type == GEMV_IL_W4A8 ? 384 : 256; }
 GEMV_IL_HD constexpr int gemv_il_chunk_bytes(int type) { return gemv_il_quant_bytes(type) + gemv_il_meta_bytes(type); }
 GEMV_IL_HD constexpr int gemv_il_loads(int type)       { return gemv_il_quant_bytes(type) / GEMV_IL_WARP_LOAD; }
-// 4-byte meta words per lane: 8 bytes of its own, plus Q6_K's d word shared by its group of 4 lanes; Q4_K:
-// the two headers of its rows
-GEMV_IL_HD constexpr int gemv_il_meta_words(int type)  { return type == GEMV_IL_Q4_K ? 8 : type == GEMV_IL_Q6_K ? 3 : 2; }
+// Bytes of a quant unit: the runs of ggml bytes the layout moves. A lane's 4-byte word is one unit, or for
+// W4A8 two (its 4 codes at k 4t.. and its 4 at 16+4t.. lie 8 bytes apart in ggml's row).
+GEMV_IL_HD constexpr int gemv_il_quant_unit_bytes(int type) { return type == GEMV_IL_W4A8 ? 2 : 4; }
+// 4-byte meta words per lane: 8 bytes of its own, plus Q6_K's d word (W4A8: d words) shared by its group of
+// 4 lanes; Q4_K: the two headers of its rows
+GEMV_IL_HD constexpr int gemv_il_meta_words(int type)  {
+    return type == GEMV_IL_Q4_K ? 8 : type == GEMV_IL_Q6_K ? 3 : type == GEMV_IL_W4A8 ? 4 : 2;
+}
 // bytes of one row inside one chunk (= chunk bytes / 16)
 GEMV_IL_HD constexpr int gemv_il_chunk_row_bytes(int type) { return GEMV_IL_CHUNK_K / gemv_il_block_k(type) * gemv_il_block_bytes(type); }
 
@@ -74,8 +91,8 @@ struct gemv_il_src {
     int off;
 };
 
-// 4-byte quant word qi (0 .. quant_bytes/4) of a chunk. Lane l = 4g + t of warp load j holds words
-// 4l..4l+3 of that load:
+// Quant unit qi (0 .. quant_bytes/unit bytes) of a chunk; but for W4A8, unit = word. Lane l = 4g + t of
+// warp load j holds words 4l..4l+3 of that load:
 //   Q4_0 [row g, blk 2j][row g+8, blk 2j][row g, blk 2j+1][row g+8, blk 2j+1], each the nibble bytes
 //        4t..4t+3 (low nibbles k = 4t.., high nibbles k = 16+4t..);
 //   Q8_0 [row g][row g+8][row g][row g+8] of block j, k = 4t.. for the first two and k = 16+4t.. for
@@ -87,7 +104,15 @@ struct gemv_il_src {
 //        p = 0: ql bytes 64h + 4t.. (low nibbles: block s = 0, high nibbles: s = 2),
 //        p = 1: ql bytes 64h + 32 + 4t.. (s = 1 and s = 3),
 //        p = 2: qh bytes 32h + 4t.. (bit pair s: the high bits of block s, for all four).
+//   W4A8 as Q4_0 by rows and blocks, [row g, blk 2j][row g+8, blk 2j][row g, blk 2j+1][row g+8, blk 2j+1],
+//        each word two units: code bytes 16b + 2t, +1 (k = 4t..4t+3, nibble i = column 4t+i), then
+//        16b + 8 + 2t, +1 (k = 16+4t..).
 GEMV_IL_HD gemv_il_src gemv_il_quant_src(int type, int qi) {
+    if (type == GEMV_IL_W4A8) {
+        const int wi = qi >> 1, j = wi >> 7, l = (wi >> 2) & 31, w = wi & 3;
+        const int g = l >> 2, t = l & 3, b = 2*j + (w >> 1);
+        return { g + 8*(w & 1), 0, GEMV_IL_W4A8_QS + 16*b + 8*(qi & 1) + 2*t };
+    }
     const int j = qi >> 7, l = (qi >> 2) & 31, w = qi & 3;
     const int g = l >> 2, t = l & 3;
     if (type == GEMV_IL_Q4_0) {
@@ -110,9 +135,17 @@ GEMV_IL_HD gemv_il_src gemv_il_quant_src(int type, int qi) {
 //   Q6_K: lane l = 4g + t holds, for blocks b = 2t, 2t+1, the scale pair {scales[2b], scales[2b+1]} of
 //     row g, then of row g+8: block b's 4 scales sit in lane 4g + b/2, word b%2, as for Q4_0. Units 128..143
 //     are the half2 {d[g], d[g+8]} for g = 0..7.
+//   W4A8: units 0..127 as Q6_K's, with the scale bytes {sr[2b], sr[2b+1]} of rows g and g+8 for blocks
+//     b = 2t, 2t+1; units 128..159 the fp32 {d[g], d[g+8]} for g = 0..7; units 160..191 the rows' ids.
 GEMV_IL_HD gemv_il_src gemv_il_meta_src(int type, int si) {
     const int l = si >> 2, h = si & 3;
     const int g = l >> 2, t = l & 3;
+    if (type == GEMV_IL_W4A8) {
+        const int u = si - 128, v = si - 160;
+        return si < 128 ? gemv_il_src{ g + 8*(h & 1), 0, GEMV_IL_W4A8_SR + 2*(2*t + (h >> 1)) }
+             : si < 160 ? gemv_il_src{ (u >> 2) + 8*((u >> 1) & 1), 0, 2*(u & 1) }
+                        : gemv_il_src{ v >> 1, 0, GEMV_IL_W4A8_CB + 2*(v & 1) };
+    }
     if (type == GEMV_IL_Q4_K) {
         return { si >> 3, 0, 2*(si & 7) };
     }
@@ -125,12 +158,13 @@ GEMV_IL_HD gemv_il_src gemv_il_meta_src(int type, int si) {
 }
 
 // First meta unit of lane `lane`'s meta word i (its 2 units are consecutive). Q4_K: words 0..3 are row g's
-// header, 4..7 row g+8's.
+// header, 4..7 row g+8's. W4A8: words 2, 3 are d[g], d[g+8].
 GEMV_IL_HD constexpr int gemv_il_meta_word_unit(int type, int lane, int i) {
-    return type == GEMV_IL_Q4_K ? 8*((lane >> 2) + 8*(i >> 2)) + 2*(i & 3) : i < 2 ? 4*lane + 2*i : 128 + 2*(lane >> 2);
+    return type == GEMV_IL_Q4_K ? 8*((lane >> 2) + 8*(i >> 2)) + 2*(i & 3) : i < 2 ? 4*lane + 2*i :
+           type == GEMV_IL_W4A8 ? 128 + 4*(lane >> 2) + 2*(i - 2) : 128 + 2*(lane >> 2);
 }
 
-// Byte offset, inside the 16 rows of a tile in ggml's layout, of a quant word / meta unit of chunk c.
+// Byte offset, inside the 16 rows of a tile in ggml's layout, of a quant / meta unit of chunk c.
 GEMV_IL_HD int64_t gemv_il_src_offset(int type, int64_t k, int c, gemv_il_src s) {
     return s.row*gemv_il_row_bytes(type, k) + (int64_t) c*gemv_il_chunk_row_bytes(type) + s.blk*gemv_il_block_bytes(type) + s.off;
 }
@@ -181,7 +215,7 @@ GEMV_IL_HD uint32_t gemv_il_q6(uint32_t lo, uint32_t hi_x, int s) {
     return l | ((hi_x << (6 - 2*s)) & 0xC0C0C0C0u);
 }
 GEMV_IL_HD constexpr float gemv_il_out_scale(int type) {
-    return type == GEMV_IL_Q8_0 || type == GEMV_IL_Q4_K ? 1.0f : type == GEMV_IL_Q6_K ? 0.25f : 1.0f/16.0f;
+    return type == GEMV_IL_Q4_0 ? 1.0f/16.0f : type == GEMV_IL_Q6_K ? 0.25f : 1.0f;
 }
 
 // A fragment (a0..a3: rows g, g+8 at k 4t.., then at k 16+4t..) of block b (0..7) of a chunk whose quant
@@ -238,6 +272,91 @@ GEMV_IL_HD uint32_t gemv_il_byte_perm(uint32_t x, uint32_t y, uint32_t s) {
 #endif // defined(__CUDA_ARCH__)
 }
 
+// W4A8: the int8 levels of 4 codes (the nibbles of v's low 16 bits, column order) from the level row
+// T[0..3] of their scale byte (levels 0..15). Two PRMTs pick from levels 0..7 and 8..15 by the codes' low 3
+// bits, a third picks per byte between them by bit 3 (selector nibble n: n, or 4 + n). Selector nibbles
+// stay below 8: PRMT's sign-replicate mode is never asked for.
+GEMV_IL_HD uint32_t gemv_il_w4a8_levels(uint32_t v, const uint32_t T[4]) {
+    const uint32_t sel = v & 0x7777u;
+    return gemv_il_byte_perm(gemv_il_byte_perm(T[0], T[1], sel), gemv_il_byte_perm(T[2], T[3], sel), ((v >> 1) & 0x4444u) | 0x3210u);
+}
+
+// The level row of scale byte s in the codebook's table (256 rows of 16 int8).
+GEMV_IL_HD void gemv_il_w4a8_row(const int8_t * levels, uint32_t s, uint32_t T[4]) {
+#if defined(__CUDA_ARCH__)
+    const uint4 v = *(const uint4 *) (levels + 16*s);
+    T[0] = v.x; T[1] = v.y; T[2] = v.z; T[3] = v.w;
+#else
+    memcpy(T, levels + 16*s, 16);
+#endif // defined(__CUDA_ARCH__)
+}
+
+// W4A8's A fragment of block b from the chunk's quant words, the block's scale word sw = {row g: sr[2b],
+// sr[2b+1]}{row g+8: the same} and the level tables of rows g and g+8 (a0, a1 take the first 16-group's
+// levels, a2, a3 the second's).
+GEMV_IL_HD void gemv_il_w4a8_frag(const uint32_t (*q)[4], int b, uint32_t sw, const int8_t * const levels[2], uint32_t a[4]) {
+    const uint32_t * w = q[b >> 1];
+    for (int r = 0; r < 2; ++r) { // row g, then g+8
+        const uint32_t x = w[2*(b & 1) + r];
+        uint32_t T[4];
+        gemv_il_w4a8_row(levels[r], (sw >> 16*r) & 0xFF, T);
+        a[r] = gemv_il_w4a8_levels(x, T);
+        gemv_il_w4a8_row(levels[r], (sw >> (16*r + 8)) & 0xFF, T);
+        a[2 + r] = gemv_il_w4a8_levels(x >> 16, T);
+    }
+}
+
+// Where byte `off` (0..151) of tile row `row`'s block in a W4A8 chunk lies in the interleaved chunk: the
+// inverse of gemv_il_quant_src / gemv_il_meta_src, for the prefill's expansion to Q8_0.
+GEMV_IL_HD int gemv_il_w4a8_il_offset(int row, int off) {
+    const int g = row & 7, hi = row >> 3;
+    const int meta = gemv_il_quant_bytes(GEMV_IL_W4A8);
+    if (off < GEMV_IL_W4A8_CB) {
+        return meta + 2*(128 + 4*g + 2*hi) + off;
+    }
+    if (off < GEMV_IL_W4A8_SR) {
+        return meta + 2*(160 + 2*row) + off - GEMV_IL_W4A8_CB;
+    }
+    if (off < GEMV_IL_W4A8_QS) {
+        const int i = off - GEMV_IL_W4A8_SR, b = i >> 1;
+        return meta + 2*(4*(4*g + (b >> 1)) + 2*(b & 1) + hi) + (i & 1);
+    }
+    const int p = off - GEMV_IL_W4A8_QS, b = p >> 4, i = p & 15;
+    const int word = 128*(b >> 1) + 4*(4*g + ((i & 7) >> 1)) + 2*(b & 1) + hi;
+    return 4*word + 2*(i >> 3) + (i & 1);
+}
+
+// The 4-byte field at byte off of a W4A8 block whose bytes `byte(off)` reads (d, the codebook id).
+template <typename Byte>
+GEMV_IL_HD uint32_t gemv_il_w4a8_word(Byte byte, int off) {
+    return (uint32_t) byte(off) | (uint32_t) byte(off + 1) << 8 | (uint32_t) byte(off + 2) << 16 | (uint32_t) byte(off + 3) << 24;
+}
+
+// W4A8 -> Q8_0 (the prefill's expansion, as ggml_pyqwen_w4a8_to_q8_0): the 32-column block j (0..7) of a
+// W4A8 block whose bytes `byte(off)` reads (off = the byte in ggml's block), with its codebook's table:
+// d = the row scale (NaN when either 16-group's scale is NaN) and the 32 int8 levels (0 then).
+template <typename Byte>
+GEMV_IL_HD void gemv_il_w4a8_q8_0(Byte byte, const int8_t * levels, int j, float & d, int8_t qs[32]) {
+    const uint8_t s0 = byte(GEMV_IL_W4A8_SR + 2*j), s1 = byte(GEMV_IL_W4A8_SR + 2*j + 1);
+    const bool nan = (s0 & 0x7F) == 0x7F || (s1 & 0x7F) == 0x7F;
+    const uint32_t bits = gemv_il_w4a8_word(byte, 0);
+    memcpy(&d, &bits, 4);
+    d = nan ? NAN : d;
+    for (int m = 0; m < 16; ++m) { // code byte m: columns 2m, 2m+1, in 16-group 2j + m/8
+        const uint8_t q = byte(GEMV_IL_W4A8_QS + 16*j + m);
+        const int8_t * lv = levels + 16*(m < 8 ? s0 : s1);
+        qs[2*m]     = nan ? 0 : lv[q & 15];
+        qs[2*m + 1] = nan ? 0 : lv[q >> 4];
+    }
+}
+
+// Which of rows g (bit 0) and g+8 (bit 1) have a NaN scale byte (e4m3fn: 0x7F, 0xFF) in the scale word sw:
+// their products are NaN, as on the CPU.
+GEMV_IL_HD int gemv_il_w4a8_nan_rows(uint32_t sw) {
+    const uint32_t top = ((sw & 0x7F7F7F7Fu) + 0x01010101u) & 0x80808080u; // bit 7 of each byte that was 0x7F
+    return (top & 0x8080u ? 1 : 0) | (top & 0x80800000u ? 2 : 0);
+}
+
 // Q6_K: block b's two m16n8k16 results lo (k 0..15) and hi (k 16..31), in the C layout (rows g, g, g+8,
 // g+8), times the int8 scales of those 16-groups from the meta word {row g: lo, hi}{row g+8: lo, hi}.
 // Exact in int32: |lo|, |hi| <= 16*128*127, so |c| < 2^26.
@@ -290,12 +409,12 @@ GEMV_IL_HD void gemv_il_tf32_split(float s, float & hi, float & lo) {
 // One full tile: ggml rows -> interleaved (inverse = false) or back. src and dst must not overlap.
 inline void gemv_il_relayout_tile(int type, int64_t k, const uint8_t * src, uint8_t * dst, bool inverse) {
     const int nchunks = (int) (k / GEMV_IL_CHUNK_K);
-    const int qwords  = gemv_il_quant_bytes(type) / 4;
+    const int ub      = gemv_il_quant_unit_bytes(type);
     for (int c = 0; c < nchunks; ++c) {
         const int64_t base = (int64_t) c*gemv_il_chunk_bytes(type);
-        for (int qi = 0; qi < qwords; ++qi) {
-            const int64_t o = gemv_il_quant_src_offset(type, k, c, qi), il = base + 4*qi;
-            if (inverse) memcpy(dst + o, src + il, 4); else memcpy(dst + il, src + o, 4);
+        for (int qi = 0; qi < gemv_il_quant_bytes(type) / ub; ++qi) {
+            const int64_t o = gemv_il_quant_src_offset(type, k, c, qi), il = base + ub*qi;
+            if (inverse) memcpy(dst + o, src + il, ub); else memcpy(dst + il, src + o, ub);
         }
         for (int si = 0; si < gemv_il_meta_bytes(type)/2; ++si) {
             const int64_t o = gemv_il_meta_src_offset(type, k, c, si), il = base + gemv_il_quant_bytes(type) + 2*si;

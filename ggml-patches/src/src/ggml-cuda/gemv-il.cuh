@@ -1,12 +1,14 @@
 // gemv-il.cuh: skinny linear Y[M, N] = X[M, K] W[N, K]^T for M = 1..8 token rows on int8 tensor cores,
-// over Q4_0 / Q8_0 / Q4_K / Q6_K weights re-laid out once into gemv-il-layout.h's interleaved tiles.
+// over Q4_0 / Q8_0 / Q4_K / Q6_K / W4A8 weights re-laid out once into gemv-il-layout.h's interleaved tiles.
 //
 // One mma.m16n8k32 (s8 x s8 -> s32) multiplies a 32-block of 16 weight rows with the same block of
 // the 8 token rows, so 8 tokens cost what 1 costs: the work per weight byte does not depend on M.
 // Each block's int32 product is scaled by its weight scale and float activation scale in fp32. Q4_K: the
 // unsigned codes in a u8 x s8 mma, times the 6-bit scale in int32; the mins times the activation block sums
 // are one tf32 mma per chunk (twice: hi and lo parts of the sums), and d, dmin apply per chunk. Q6_K has a scale per 16 values: two mma.m16n8k16 per
-// block, their int32 results times the int8 scales added in int32, and the fp16 d applied per chunk.
+// block, their int32 results times the int8 scales added in int32, and the fp16 d applied per chunk. W4A8's
+// codes become their int8 levels by a lookup in the codebook's table (its scale per 16 values is inside the
+// levels), so one s8 mma per block, and the row's fp32 d applies per chunk.
 // A CTA owns one 16-row tile; its warps split K (chunk c goes to warp c % nwarps) and add up their
 // partial sums in shared memory at the end. Weights are read once, as 16-byte streaming loads that
 // skip L1; the activations (10*K bytes) are read by every CTA and stay in L1/L2. They are read with
@@ -63,7 +65,8 @@ static __device__ __forceinline__ uint32_t gemv_il_load_stream4(const uint8_t * 
 }
 
 // One chunk (16 rows x 256 K) of a warp's lane: the words of its quant loads and its meta words
-// (4 fp16 scales, the Q4_K headers of rows g and g+8, or Q6_K's 8 int8 scales and {d[g], d[g+8]}).
+// (4 fp16 scales, the Q4_K headers of rows g and g+8, Q6_K's 8 int8 scales and {d[g], d[g+8]}, or W4A8's
+// 8 scale bytes and fp32 {d[g], d[g+8]}).
 template <int type>
 struct gemv_il_chunk {
     uint32_t q[gemv_il_loads(type)][4];
@@ -88,13 +91,17 @@ static __device__ __forceinline__ void gemv_il_load_chunk(gemv_il_chunk<type> & 
     }
     const uint2 s = gemv_il_load_stream8(meta + 2*gemv_il_meta_word_unit(type, lane, 0));
     r.s[0] = s.x; r.s[1] = s.y;
-    if constexpr (gemv_il_meta_words(type) > 2) { // the 4 lanes of a group load the same word: one 32-byte sector
+    // the 4 lanes of a group load the same words: one 32-byte (W4A8: 64-byte) sector
+    if constexpr (type == GEMV_IL_W4A8) {
+        const uint2 d = gemv_il_load_stream8(meta + 2*gemv_il_meta_word_unit(type, lane, 2));
+        r.s[2] = d.x; r.s[3] = d.y;
+    } else if constexpr (gemv_il_meta_words(type) > 2) {
         r.s[2] = gemv_il_load_stream4(meta + 2*gemv_il_meta_word_unit(type, lane, 2));
     }
 }
 
 // The same registers gathered from ggml's row layout: the rows of the last, partial tile (nrows < 16);
-// missing rows read as zero. Blocks are 2-byte aligned, hence the 16-bit loads.
+// missing rows read as zero. Blocks are 2-byte aligned, hence the 16-bit loads; a W4A8 word is two units.
 static __device__ __forceinline__ uint32_t gemv_il_gather_bytes(const uint8_t * rows, const int nrows, const int row,
                                                                 const int64_t off, const int nbytes) {
     if (row >= nrows) {
@@ -111,8 +118,14 @@ static __device__ void gemv_il_gather_chunk(gemv_il_chunk<type> & r, const uint8
     for (int j = 0; j < gemv_il_loads(type); ++j) {
 #pragma unroll
         for (int w = 0; w < 4; ++w) {
-            const int qi = j*(GEMV_IL_WARP_LOAD/4) + lane*4 + w;
-            r.q[j][w] = gemv_il_gather_bytes(rows, nrows, gemv_il_quant_src(type, qi).row, gemv_il_quant_src_offset(type, k, c, qi), 4);
+            constexpr int ub = gemv_il_quant_unit_bytes(type);
+            uint32_t v = 0;
+#pragma unroll
+            for (int u = 0; u < 4/ub; ++u) {
+                const int qi = (j*(GEMV_IL_WARP_LOAD/4) + lane*4 + w)*(4/ub) + u;
+                v |= gemv_il_gather_bytes(rows, nrows, gemv_il_quant_src(type, qi).row, gemv_il_quant_src_offset(type, k, c, qi), ub) << 8*ub*u;
+            }
+            r.q[j][w] = v;
         }
     }
 #pragma unroll
@@ -144,13 +157,15 @@ static __device__ __forceinline__ void gemv_il_mma_u8s8(int d[4], const uint32_t
 }
 
 // acc (rows g, g+8 x tokens 2t, 2t+1, the mma's C layout) += this chunk's 8 blocks of 32.
-// xs: the chunk's activation scales; xsum: their block sums (Q4_K only).
+// xs: the chunk's activation scales; xsum: their block sums (Q4_K only); levels: W4A8's level tables of rows
+// g and g+8.
 template <int type>
 static __device__ __forceinline__ void gemv_il_chunk_dot(const gemv_il_chunk<type> & r, const uint8_t * xq, const float * xs,
-                                                         const float * xsum, const int lane, float acc[4]) {
+                                                         const float * xsum, const int8_t * const * levels, const int lane,
+                                                         float acc[4]) {
 #if defined(GGML_USE_HIP)
     // NVIDIA's mma fragment layouts; on HIP the weights are never interleaved (gemv_il_eligible)
-    GGML_UNUSED_VARS(r, xq, xs, xsum, lane, acc);
+    GGML_UNUSED_VARS(r, xq, xs, xsum, levels, lane, acc);
     NO_DEVICE_CODE;
 #else
     using namespace ggml_cuda_mma;
@@ -158,6 +173,7 @@ static __device__ __forceinline__ void gemv_il_chunk_dot(const gemv_il_chunk<typ
     [[maybe_unused]] float accd_hi[4] = {0.0f, 0.0f, 0.0f, 0.0f}; // Q4_K: odd sub-blocks, codes 16*q
     [[maybe_unused]] uint32_t sc[2][2];                           // Q4_K: scales of rows g, g+8 (gemv_il_q4_k_scales)
     [[maybe_unused]] tile<16, 8, float> mins;                     // Q4_K: sum of min * block sum per row and token
+    [[maybe_unused]] int nan_rows = 0;                            // W4A8: rows g (bit 0), g+8 (bit 1) with a NaN scale
     if constexpr (type == GEMV_IL_Q4_K) {
         gemv_il_q4_k_scales(r.s, sc[0]);
         gemv_il_q4_k_scales(r.s + 4, sc[1]);
@@ -176,13 +192,19 @@ static __device__ __forceinline__ void gemv_il_chunk_dot(const gemv_il_chunk<typ
         const float4 xd = *(const float4 *) (xs + jp*16 + (lane & 3)*4);
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-            uint32_t a[4];
-            gemv_il_frag_a(type, r.q, 2*jp + h, a);
             const int b0 = h ? xa.z : xa.x, b1 = h ? xa.w : xa.y;
             // block 2jp + h: its scales sit in lane 4g + jp
             const int   src = (lane & ~3) | jp;
             const float dx0 = h ? xd.z : xd.x;
             const float dx1 = h ? xd.w : xd.y;
+            uint32_t a[4];
+            if constexpr (type == GEMV_IL_W4A8) {
+                const uint32_t sw = __shfl_sync(0xFFFFFFFF, r.s[h], src, WARP_SIZE);
+                gemv_il_w4a8_frag(r.q, 2*jp + h, sw, levels, a);
+                nan_rows |= gemv_il_w4a8_nan_rows(sw);
+            } else {
+                gemv_il_frag_a(type, r.q, 2*jp + h, a);
+            }
             if constexpr (type == GEMV_IL_Q6_K) {
                 // a scale per 16 values: one k16 MMA per half of the block (a0, a1 with b0; a2, a3 with b1)
                 tile<16, 4, int> Alo, Ahi;
@@ -220,6 +242,13 @@ static __device__ __forceinline__ void gemv_il_chunk_dot(const gemv_il_chunk<typ
             B.x[1] = b1;
             tile<16, 8, int> D;
             mma(D, A, B);
+            if constexpr (type == GEMV_IL_W4A8) { // exact: |D| <= 32*127*127
+                accd[0] += (float) D.x[0] * dx0;
+                accd[1] += (float) D.x[1] * dx1;
+                accd[2] += (float) D.x[2] * dx0;
+                accd[3] += (float) D.x[3] * dx1;
+                continue;
+            }
             const float2 dw = gemv_il_half2_bits_to_float2(__shfl_sync(0xFFFFFFFF, r.s[h], src, WARP_SIZE));
             acc[0] += (float) D.x[0] * (dw.x*dx0);
             acc[1] += (float) D.x[1] * (dw.x*dx1);
@@ -233,6 +262,13 @@ static __device__ __forceinline__ void gemv_il_chunk_dot(const gemv_il_chunk<typ
         acc[1] += dg.x *(accd[1] + accd_hi[1]*(1.0f/16.0f)) - dg.y *mins.x[1];
         acc[2] += dg8.x*(accd[2] + accd_hi[2]*(1.0f/16.0f)) - dg8.y*mins.x[2];
         acc[3] += dg8.x*(accd[3] + accd_hi[3]*(1.0f/16.0f)) - dg8.y*mins.x[3];
+    }
+    if constexpr (type == GEMV_IL_W4A8) {
+        const float dg = nan_rows & 1 ? NAN : __uint_as_float(r.s[2]), dg8 = nan_rows & 2 ? NAN : __uint_as_float(r.s[3]);
+        acc[0] += accd[0]*dg;
+        acc[1] += accd[1]*dg;
+        acc[2] += accd[2]*dg8;
+        acc[3] += accd[3]*dg8;
     }
     if constexpr (type == GEMV_IL_Q6_K) {
         const float2 d = gemv_il_half2_bits_to_float2(r.s[2]); // {d[g], d[g+8]}
@@ -267,13 +303,21 @@ static __global__ void gemv_il_argmax_rows(const unsigned long long * keys, int3
     }
 }
 
+// Register stages of gemv_il_mul_mat per type, from a 9B decode token's 129 GEMVs on the H200
+// (bench/RESULTS.md, seventh and eighth sessions): a second stage hides the longer chunk math of Q4_K
+// (-9%) and W4A8 (-3%) and the longer loads of Q8_0 (-5%); it costs Q4_0 11% and does nothing for Q6_K.
+GEMV_IL_HD constexpr int gemv_il_stages(int type) {
+    return type == GEMV_IL_Q4_K || type == GEMV_IL_Q8_0 || type == GEMV_IL_W4A8 ? 2 : 1;
+}
+
 // grid (ceil(n/16)), block (32 * nwarps, nwarps <= GEMV_IL_MAX_WARPS); dst[tok*stride_dst + row], with
-// the epilogue's residual added, or only its argmax keys.
+// the epilogue's residual added, or only its argmax keys. luts: W4A8's level tables by codebook id (else unused).
 // S: register stages per warp. With S = 1 a warp loads its next chunk after using the current one;
 // with S = 2 the next load is in flight while it computes (twice the registers for the weights).
+// gemv_il_stages picks S per type.
 template <int type, int S>
 static __global__ void __launch_bounds__(GEMV_IL_MAX_WARPS*WARP_SIZE)
-gemv_il_mul_mat(const uint8_t * w, const uint8_t * xq, const float * xs, float * dst,
+gemv_il_mul_mat(const uint8_t * w, const int8_t * const * luts, const uint8_t * xq, const float * xs, float * dst,
                 const int n, const int k, const int m, const int64_t stride_dst, const gemv_il_epilogue ep) {
     const int lane    = threadIdx.x % WARP_SIZE;
     const int warp    = threadIdx.x / WARP_SIZE;
@@ -296,6 +340,20 @@ gemv_il_mul_mat(const uint8_t * w, const uint8_t * xq, const float * xs, float *
         }
     };
 
+    // W4A8: the level tables of rows g and g+8, by the ids in the first chunk's meta (a partial tile's rows:
+    // in their first block; missing rows take row 0's). The loader gives every block a registered id; a
+    // foreign one indexes the table modulo its size, whose unused entries hold the uniform codebook.
+    const int8_t * levels[2] = {nullptr, nullptr};
+    if constexpr (type == GEMV_IL_W4A8) {
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+            const int row = lane/4 + 8*i;
+            const uint8_t * id = nrows == GEMV_IL_TILE_ROWS ? tile + gemv_il_w4a8_il_offset(row, GEMV_IL_W4A8_CB)
+                                                            : tile + (row < nrows ? row : 0)*gemv_il_row_bytes(type, k) + GEMV_IL_W4A8_CB;
+            levels[i] = luts[*(const uint32_t *) id & (GEMV_IL_W4A8_CODEBOOKS - 1)];
+        }
+    }
+
     // The weights do not depend on the previous kernel: their first loads overlap its tail.
     gemv_il_chunk<type> r[S];
 #pragma unroll
@@ -311,7 +369,7 @@ gemv_il_mul_mat(const uint8_t * w, const uint8_t * xq, const float * xs, float *
             const int c = c0 + s*nwarps;
             if (c < nchunks) {
                 const int64_t cs = (int64_t) c*(GEMV_IL_CHUNK_BLOCKS*GEMV_IL_MAX_TOKENS);
-                gemv_il_chunk_dot<type>(r[s], xq + (int64_t) c*(GEMV_IL_CHUNK_K*GEMV_IL_MAX_TOKENS), xs + cs, xsum + cs, lane, acc);
+                gemv_il_chunk_dot<type>(r[s], xq + (int64_t) c*(GEMV_IL_CHUNK_K*GEMV_IL_MAX_TOKENS), xs + cs, xsum + cs, levels, lane, acc);
             }
             load(r[s], c + S*nwarps);
         }
@@ -551,6 +609,7 @@ static auto gemv_il_dispatch(const int type, F && f) {
         case GEMV_IL_Q8_0: return f(std::integral_constant<int, GEMV_IL_Q8_0>());
         case GEMV_IL_Q4_K: return f(std::integral_constant<int, GEMV_IL_Q4_K>());
         case GEMV_IL_Q6_K: return f(std::integral_constant<int, GEMV_IL_Q6_K>());
+        case GEMV_IL_W4A8: return f(std::integral_constant<int, GEMV_IL_W4A8>());
         default:           GGML_ABORT("gemv-il: unknown type %d", type);
     }
 }
@@ -572,8 +631,9 @@ gemv_il_deinterleave(const uint8_t * src, uint8_t * dst, const int64_t k) {
     constexpr int G     = gemv_il_deinterleave_chunks(type);
     constexpr int CB    = gemv_il_chunk_bytes(type);
     constexpr int CRB   = gemv_il_chunk_row_bytes(type);
-    constexpr int QW    = gemv_il_quant_bytes(type)/4;
-    constexpr int U     = QW + gemv_il_meta_bytes(type)/2; // units per chunk: quant words, then 2-byte meta
+    constexpr int UB    = gemv_il_quant_unit_bytes(type);
+    constexpr int QW    = gemv_il_quant_bytes(type)/UB;
+    constexpr int U     = QW + gemv_il_meta_bytes(type)/2; // units per chunk: quant units, then 2-byte meta
     constexpr int PITCH = (G*CRB + 15)/16*16 + 16;         // a row's run and its lead-in
     __shared__ __align__(16) uint8_t plain[GEMV_IL_TILE_ROWS*PITCH];
 
@@ -589,10 +649,10 @@ gemv_il_deinterleave(const uint8_t * src, uint8_t * dst, const int64_t k) {
         const int cc = u / U, v = u % U;
         const bool is_q = v < QW;
         const gemv_il_src o = is_q ? gemv_il_quant_src(type, v) : gemv_il_meta_src(type, v - QW);
-        const uint16_t * from = (const uint16_t *) (s + cc*CB + (is_q ? 4*v : gemv_il_quant_bytes(type) + 2*(v - QW)));
+        const uint16_t * from = (const uint16_t *) (s + cc*CB + (is_q ? UB*v : gemv_il_quant_bytes(type) + 2*(v - QW)));
         uint16_t * to = (uint16_t *) (plain + o.row*PITCH + lead(o.row) + cc*CRB + o.blk*gemv_il_block_bytes(type) + o.off);
         to[0] = from[0];
-        if (is_q) {
+        if (is_q && UB == 4) {
             to[1] = from[1];
         }
     }
@@ -620,6 +680,29 @@ static void gemv_il_deinterleave_cuda(const int type, const uint8_t * src, uint8
     const dim3 grid((unsigned) ntiles, (unsigned) ((k/GEMV_IL_CHUNK_K + G - 1)/G));
     gemv_il_dispatch(type, [&](auto t) { gemv_il_deinterleave<decltype(t)::value><<<grid, 256, 0, stream>>>(src, dst, k); });
     CUDA_CHECK(cudaGetLastError());
+}
+
+// W4A8 rows [row0, row0 + rows) -> Q8_0 rows at dst, for a prefill (upstream has no W4A8 kernel): the
+// blocks of gemv_il_w4a8_q8_0, d in fp16, read from the interleaved full tiles (rows < n_il) or ggml's
+// rows (the partial last tile). A thread a Q8_0 block.
+// luts: the level tables by codebook id; ids index it modulo its size, as in the GEMV.
+static __global__ void gemv_il_w4a8_to_q8_0(const uint8_t * src, block_q8_0 * dst, const int8_t * const * luts,
+                                            const int64_t k, const int64_t row0, const int64_t rows, const int64_t n_il) {
+    const int64_t i = (int64_t) blockIdx.x*blockDim.x + threadIdx.x, per_row = k/32;
+    if (i >= rows*per_row) {
+        return;
+    }
+    const int64_t row = row0 + i/per_row, b32 = i % per_row, c = b32/8;
+    const int j = (int) (b32 % 8);
+    const uint8_t * base = row < n_il ? src + row/GEMV_IL_TILE_ROWS*gemv_il_tile_bytes(GEMV_IL_W4A8, k) + c*gemv_il_chunk_bytes(GEMV_IL_W4A8)
+                                      : src + row*gemv_il_row_bytes(GEMV_IL_W4A8, k) + c*gemv_il_block_bytes(GEMV_IL_W4A8);
+    const int r = (int) (row % GEMV_IL_TILE_ROWS);
+    const auto byte = [&](const int off) { return row < n_il ? base[gemv_il_w4a8_il_offset(r, off)] : base[off]; };
+    const int8_t * levels = luts[gemv_il_w4a8_word(byte, GEMV_IL_W4A8_CB) & (GEMV_IL_W4A8_CODEBOOKS - 1)];
+    block_q8_0 & out = dst[(row - row0)*per_row + b32];
+    float d;
+    gemv_il_w4a8_q8_0(byte, levels, j, d, out.qs);
+    out.d = __float2half(d);
 }
 
 // Warps per CTA: the largest split whose CTAs all fit on the GPU at once (one wave, no tail), else 4
