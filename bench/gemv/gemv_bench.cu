@@ -2,7 +2,7 @@
 // reference, then timings inside CUDA graphs with weights rotated over more than the L2, next to
 // upstream ggml's quantize_q8_1 + mul_mat_vec_q on the same shapes. bench/gemv/run.sh builds and runs it.
 //
-//   gemv_bench [--quick]      --quick: correctness of the small shapes only
+//   gemv_bench [--quick] [TYPE]  --quick: correctness of the small shapes only; TYPE: that type only
 //   gemv_bench --token TYPE   one decode token's GEMVs of the 9B shape in TYPE (q4_0, q4_k, q8_0, w4a8; the head
 //                             Q6_K), each after its quantization, back to back in one CUDA graph
 #include "gemv-il.cuh"
@@ -514,6 +514,11 @@ static void run_token(int type, double ceil_gbs, cudaStream_t st) {
 
 int main(int argc, char ** argv) {
     const bool quick = argc > 1 && std::string(argv[1]) == "--quick";
+    const char * only = argc > 1 + quick ? argv[1 + quick] : nullptr;
+    if (only && std::none_of(std::begin(gemv_types), std::end(gemv_types), [&](int t) { return std::string(only) == type_name(t); })) {
+        fprintf(stderr, "TYPE is one of q4_0, q4_k, q6_k, q8_0, w4a8\n");
+        return 2;
+    }
     CUDA_CHECK(cudaGetDeviceProperties(&g_prop, 0));
     printf("device: %s, %d SMs, L2 %d MB, cc %d.%d\n", g_prop.name, g_prop.multiProcessorCount, g_prop.l2CacheSize >> 20, g_prop.major, g_prop.minor);
     cudaStream_t st;
@@ -539,6 +544,7 @@ int main(int argc, char ** argv) {
     std::vector<result_row> rows;
     uint64_t seed = 42;
     for (int type : gemv_types) {
+        if (only && std::string(only) != type_name(type)) continue;
         for (const shape & sh : shapes) {
             if (quick && sh.timed) continue;
             run_shape(type, sh, ++seed, st, rows, up_ctx);
