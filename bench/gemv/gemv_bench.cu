@@ -514,11 +514,6 @@ static void run_token(int type, double ceil_gbs, cudaStream_t st) {
 
 int main(int argc, char ** argv) {
     const bool quick = argc > 1 && std::string(argv[1]) == "--quick";
-    const char * only = argc > 1 + quick ? argv[1 + quick] : nullptr;
-    if (only && std::none_of(std::begin(gemv_types), std::end(gemv_types), [&](int t) { return std::string(only) == type_name(t); })) {
-        fprintf(stderr, "TYPE is one of q4_0, q4_k, q6_k, q8_0, w4a8\n");
-        return 2;
-    }
     CUDA_CHECK(cudaGetDeviceProperties(&g_prop, 0));
     printf("device: %s, %d SMs, L2 %d MB, cc %d.%d\n", g_prop.name, g_prop.multiProcessorCount, g_prop.l2CacheSize >> 20, g_prop.major, g_prop.minor);
     cudaStream_t st;
@@ -531,6 +526,11 @@ int main(int argc, char ** argv) {
         printf("read ceiling (4 GiB, 16-byte loads): %.0f GB/s\n", ceil_gbs);
         run_token(type, ceil_gbs, st);
         return 0;
+    }
+    const char * only = argc > 1 + quick ? argv[1 + quick] : nullptr;
+    if (only && std::none_of(std::begin(gemv_types), std::end(gemv_types), [&](int t) { return std::string(only) == type_name(t); })) {
+        fprintf(stderr, "TYPE is one of q4_0, q4_k, q6_k, q8_0, w4a8\n");
+        return 2;
     }
     ggml_backend_cuda_context * up_ctx = nullptr;
 #ifdef GEMV_BENCH_UPSTREAM
