@@ -2,7 +2,7 @@
 // reference, then timings inside CUDA graphs with weights rotated over more than the L2, next to
 // upstream ggml's quantize_q8_1 + mul_mat_vec_q on the same shapes. bench/gemv/run.sh builds and runs it.
 //
-//   gemv_bench [--quick]      --quick: correctness of the small shapes only
+//   gemv_bench [--quick] [TYPE]  --quick: correctness of the small shapes only; TYPE: that type only
 //   gemv_bench --token TYPE   one decode token's GEMVs of the 9B shape in TYPE (q4_0, q4_k, q8_0, w4a8; the head
 //                             Q6_K), each after its quantization, back to back in one CUDA graph
 #include "gemv-il.cuh"
@@ -160,6 +160,13 @@ static const int8_t * const * device_w4a8_luts() {
     return luts;
 }
 
+// W4A8 rows (interleaved full tiles, then the partial tile's ggml rows) -> Q8_0 rows, as pyqwen's prefill
+static void launch_w4a8_to_q8_0(const uint8_t * w, uint8_t * q8, int k, int n, cudaStream_t st) {
+    const int G = gemv_il_deinterleave_chunks(GEMV_IL_W4A8);
+    gemv_il_w4a8_to_q8_0<<<dim3((n + 15)/16, (k/GEMV_IL_CHUNK_K + G - 1)/G), 256, 0, st>>>(w, q8, device_w4a8_luts(), k, n);
+    CUDA_CHECK(cudaGetLastError());
+}
+
 static void launch_gemv(int type, int u, const uint8_t * w, const uint8_t * xq, const float * xs, float * y, int n, int k, int m, int nwarps, cudaStream_t st) {
     const ggml_cuda_kernel_launch_params p(dim3((n + 15)/16), dim3(nwarps*WARP_SIZE), 0, st);
     const int8_t * const * luts = type == GEMV_IL_W4A8 ? device_w4a8_luts() : nullptr;
@@ -309,6 +316,30 @@ static void run_shape(int type, const shape & sh, uint64_t seed, cudaStream_t st
             const double us = time_graph(st, 4, [&](int) { gemv_il_deinterleave_cuda(type, d_il.as<uint8_t>(), d_back.as<uint8_t>(), k, ntiles, st); });
             printf("     de-interleave %s k=%d n=%d: %.1f us, %.0f GB/s read + written\n", tn, k, n, us, 2e-3*il_bytes/us);
         }
+    }
+
+    // W4A8's prefill expansion to Q8_0 (full tiles interleaved, the partial tile as ggml's rows) against
+    // the reference's levels and d, block for block
+    if (type == GEMV_IL_W4A8) {
+        const size_t q8_bytes = (size_t) n*(k/32)*sizeof(block_q8_0);
+        std::vector<uint8_t> want(q8_bytes), got(q8_bytes);
+        for (int64_t r = 0; r < n; ++r) {
+            for (int64_t b = 0; b < k/32; ++b) {
+                int v[32];
+                double a, c;
+                ref_decode32(type, w.data() + r*gemv_il_row_bytes(type, k), b, v, a, c);
+                block_q8_0 blk;
+                blk.d = __float2half((float) a);
+                for (int i = 0; i < 32; ++i) blk.qs[i] = (int8_t) v[i];
+                memcpy(want.data() + (r*(k/32) + b)*sizeof(block_q8_0), &blk, sizeof(blk));
+            }
+        }
+        dev_buf d_q8(q8_bytes);
+        CUDA_CHECK(cudaMemsetAsync(d_q8.p, 0xAB, q8_bytes, st));
+        launch_w4a8_to_q8_0(d_il.as<uint8_t>(), d_q8.as<uint8_t>(), k, n, st);
+        CUDA_CHECK(cudaMemcpyAsync(got.data(), d_q8.p, q8_bytes, cudaMemcpyDeviceToHost, st));
+        CUDA_CHECK(cudaStreamSynchronize(st));
+        report(got == want, "%s k=%d n=%d: device expansion to Q8_0 (prefill) gives the reference's blocks", tn, k, n);
     }
 
     // reference: every output of the 8 token rows, float64
@@ -469,6 +500,16 @@ static void run_token(int type, double ceil_gbs, cudaStream_t st) {
         });
         printf("| | %d | %.1f | %zu | %.2f | %.2f | %.0f |\n", m, us, seq.size(), bytes*1e-9, bytes*1e-6/us, 100.0*bytes*1e-3/us/ceil_gbs);
     }
+    if (type == GEMV_IL_W4A8) { // a prefill's expansion of the 128 layer weights to Q8_0, each into one slab
+        size_t slab = 0;
+        for (size_t i = 0; i + 1 < seq.size(); ++i) slab = std::max(slab, (size_t) seq[i].n*(seq[i].k/32)*sizeof(block_q8_0));
+        dev_buf q8(slab);
+        const double us = time_graph(st, 1, [&](int) {
+            for (size_t i = 0; i + 1 < seq.size(); ++i) launch_w4a8_to_q8_0(w.as<uint8_t>() + seq[i].at, q8.as<uint8_t>(), seq[i].k, seq[i].n, st);
+        });
+        const double gb = seq.back().at*1e-9*(1.0 + 34.0/19.0);  // W4A8 read (19 bytes / 32 weights), Q8_0 written (34)
+        printf("W4A8 -> Q8_0 expansion of the 128 layer weights: %.1f us, %.0f GB/s read + written\n", us, gb*1e6/us);
+    }
 }
 
 int main(int argc, char ** argv) {
@@ -486,6 +527,11 @@ int main(int argc, char ** argv) {
         run_token(type, ceil_gbs, st);
         return 0;
     }
+    const char * only = argc > 1 + quick ? argv[1 + quick] : nullptr;
+    if (only && std::none_of(std::begin(gemv_types), std::end(gemv_types), [&](int t) { return std::string(only) == type_name(t); })) {
+        fprintf(stderr, "TYPE is one of q4_0, q4_k, q6_k, q8_0, w4a8\n");
+        return 2;
+    }
     ggml_backend_cuda_context * up_ctx = nullptr;
 #ifdef GEMV_BENCH_UPSTREAM
     up_ctx = new ggml_backend_cuda_context(0);  // only .device is read; never destroyed (its destructor lives in ggml-cuda.cu)
@@ -498,6 +544,7 @@ int main(int argc, char ** argv) {
     std::vector<result_row> rows;
     uint64_t seed = 42;
     for (int type : gemv_types) {
+        if (only && std::string(only) != type_name(type)) continue;
         for (const shape & sh : shapes) {
             if (quick && sh.timed) continue;
             run_shape(type, sh, ++seed, st, rows, up_ctx);

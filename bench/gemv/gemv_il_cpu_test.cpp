@@ -286,9 +286,11 @@ int main() {
                         const uint8_t * blk = wn.data() + row*gemv_il_row_bytes(type, k) + (int64_t) c*gemv_il_block_bytes(type);
                         for (int j = 0; j < 8; ++j) {
                             float d;
+                            uint32_t words[8];
                             int8_t qs[32];
                             gemv_il_w4a8_q8_0([&](int off) { return chunk[gemv_il_w4a8_il_offset((int) (row % 16), off)]; },
-                                              ref_w4a8_levels(), j, d, qs);
+                                              ref_w4a8_levels(), j, d, words);
+                            memcpy(qs, words, 32);
                             const uint8_t s0 = blk[GEMV_IL_W4A8_SR + 2*j], s1 = blk[GEMV_IL_W4A8_SR + 2*j + 1];
                             const bool nan = std::isnan(ref_e4m3_to_float(s0)) || std::isnan(ref_e4m3_to_float(s1));
                             float dref;

@@ -249,9 +249,11 @@ static void gemv_il_plain_rows(const ggml_tensor * src0, const int64_t row0, con
 // Q8_0 row padding.
 static void gemv_il_q8_0_rows(const int device, const ggml_tensor * src0, const int64_t row0, const int64_t rows, uint8_t * q8,
                               cudaStream_t stream) {
-    const int64_t k = src0->ne[0], blocks = rows*(k/32);
-    gemv_il_w4a8_to_q8_0<<<(unsigned) ((blocks + 255)/256), 256, 0, stream>>>((const uint8_t *) src0->data, (block_q8_0 *) q8,
-        gemv_il_w4a8_luts(device), k, row0, rows, src0->ne[1]/GEMV_IL_TILE_ROWS*GEMV_IL_TILE_ROWS);
+    const int64_t k = src0->ne[0];
+    const int G = gemv_il_deinterleave_chunks(GEMV_IL_W4A8);
+    const dim3 grid((unsigned) ((rows + GEMV_IL_TILE_ROWS - 1)/GEMV_IL_TILE_ROWS), (unsigned) ((k/GEMV_IL_CHUNK_K + G - 1)/G));
+    gemv_il_w4a8_to_q8_0<<<grid, 256, 0, stream>>>((const uint8_t *) src0->data + row0*ggml_row_size(src0->type, k), q8,
+        gemv_il_w4a8_luts(device), k, rows);
     CUDA_CHECK(cudaGetLastError());
     const size_t padding = gemv_il_row_padding(GGML_TYPE_Q8_0, k);
     if (padding > 0) {

@@ -334,19 +334,22 @@ GEMV_IL_HD uint32_t gemv_il_w4a8_word(Byte byte, int off) {
 
 // W4A8 -> Q8_0 (the prefill's expansion, as ggml_pyqwen_w4a8_to_q8_0): the 32-column block j (0..7) of a
 // W4A8 block whose bytes `byte(off)` reads (off = the byte in ggml's block), with its codebook's table:
-// d = the row scale (NaN when either 16-group's scale is NaN) and the 32 int8 levels (0 then).
+// d = the row scale (NaN when either 16-group's scale is NaN) and the 32 int8 levels as 8 words (0 then),
+// four codes a gemv_il_w4a8_levels, as in the GEMV.
 template <typename Byte>
-GEMV_IL_HD void gemv_il_w4a8_q8_0(Byte byte, const int8_t * levels, int j, float & d, int8_t qs[32]) {
-    const uint8_t s0 = byte(GEMV_IL_W4A8_SR + 2*j), s1 = byte(GEMV_IL_W4A8_SR + 2*j + 1);
-    const bool nan = (s0 & 0x7F) == 0x7F || (s1 & 0x7F) == 0x7F;
+GEMV_IL_HD void gemv_il_w4a8_q8_0(Byte byte, const int8_t * levels, int j, float & d, uint32_t qs[8]) {
+    const uint8_t s[2] = { byte(GEMV_IL_W4A8_SR + 2*j), byte(GEMV_IL_W4A8_SR + 2*j + 1) };
+    const bool nan = (s[0] & 0x7F) == 0x7F || (s[1] & 0x7F) == 0x7F;
     const uint32_t bits = gemv_il_w4a8_word(byte, 0);
     memcpy(&d, &bits, 4);
     d = nan ? NAN : d;
-    for (int m = 0; m < 16; ++m) { // code byte m: columns 2m, 2m+1, in 16-group 2j + m/8
-        const uint8_t q = byte(GEMV_IL_W4A8_QS + 16*j + m);
-        const int8_t * lv = levels + 16*(m < 8 ? s0 : s1);
-        qs[2*m]     = nan ? 0 : lv[q & 15];
-        qs[2*m + 1] = nan ? 0 : lv[q >> 4];
+    for (int h = 0; h < 2; ++h) { // 16-group 2j + h: code bytes 8h..8h+7, two columns a byte
+        uint32_t T[4];
+        gemv_il_w4a8_row(levels, s[h], T);
+        for (int m = 0; m < 8; m += 2) {
+            const int at = GEMV_IL_W4A8_QS + 16*j + 8*h + m;
+            qs[4*h + m/2] = nan ? 0 : gemv_il_w4a8_levels((uint32_t) byte(at) | (uint32_t) byte(at + 1) << 8, T);
+        }
     }
 }
 

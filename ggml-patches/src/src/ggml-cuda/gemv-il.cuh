@@ -619,43 +619,50 @@ static __host__ __device__ constexpr int gemv_il_deinterleave_chunks(const int t
     return type == GEMV_IL_Q6_K ? 8 : 4;
 }
 
+// The ggml bytes of a full tile's interleaved chunks [0, nc) at s, gathered into shared memory with
+// coalesced unit loads: row r's bytes of those chunks at plain + r*pitch + lead(r), each chunk's CRB after
+// the last. 32-bit index math only: the generic re-layout's 64-bit divisions per word made it several
+// times slower.
+template <int type, typename Lead>
+static __device__ void gemv_il_gather_rows(const uint8_t * s, const int nc, uint8_t * plain, const int pitch, Lead lead) {
+    constexpr int CB  = gemv_il_chunk_bytes(type);
+    constexpr int CRB = gemv_il_chunk_row_bytes(type);
+    constexpr int UB  = gemv_il_quant_unit_bytes(type);
+    constexpr int QW  = gemv_il_quant_bytes(type)/UB;
+    constexpr int U   = QW + gemv_il_meta_bytes(type)/2; // units per chunk: quant units, then 2-byte meta
+    for (int u = threadIdx.x; u < nc*U; u += blockDim.x) {
+        const int cc = u / U, v = u % U;
+        const bool is_q = v < QW;
+        const gemv_il_src o = is_q ? gemv_il_quant_src(type, v) : gemv_il_meta_src(type, v - QW);
+        const uint16_t * from = (const uint16_t *) (s + cc*CB + (is_q ? UB*v : gemv_il_quant_bytes(type) + 2*(v - QW)));
+        uint16_t * to = (uint16_t *) (plain + o.row*pitch + lead(o.row) + cc*CRB + o.blk*gemv_il_block_bytes(type) + o.off);
+        to[0] = from[0];
+        if (is_q && UB == 4) {
+            to[1] = from[1];
+        }
+    }
+}
+
 // Interleaved -> ggml rows for a prefill (out of place, full tiles only). CTA (tile, group of G chunks):
-// the chunks are read with coalesced word loads and permuted in shared memory, where each row's bytes
-// start at the same offset modulo 16 as in dst; then each of the 16 rows' bytes of those chunks is
-// written as one contiguous run of 16-byte stores (byte stores only for the partial units at its ends,
-// which the usual shapes do not have). 32-bit index math only: the generic re-layout's 64-bit
-// divisions per word made it several times slower.
+// the chunks are gathered in shared memory, where each row's bytes start at the same offset modulo 16 as
+// in dst; then each of the 16 rows' bytes of those chunks is written as one contiguous run of 16-byte
+// stores (byte stores only for the partial units at its ends, which the usual shapes do not have).
 template <int type>
 static __global__ void __launch_bounds__(256)
 gemv_il_deinterleave(const uint8_t * src, uint8_t * dst, const int64_t k) {
     constexpr int G     = gemv_il_deinterleave_chunks(type);
     constexpr int CB    = gemv_il_chunk_bytes(type);
     constexpr int CRB   = gemv_il_chunk_row_bytes(type);
-    constexpr int UB    = gemv_il_quant_unit_bytes(type);
-    constexpr int QW    = gemv_il_quant_bytes(type)/UB;
-    constexpr int U     = QW + gemv_il_meta_bytes(type)/2; // units per chunk: quant units, then 2-byte meta
     constexpr int PITCH = (G*CRB + 15)/16*16 + 16;         // a row's run and its lead-in
     __shared__ __align__(16) uint8_t plain[GEMV_IL_TILE_ROWS*PITCH];
 
     const int nchunks = (int) (k/GEMV_IL_CHUNK_K);
     const int c0 = blockIdx.y*G, nc = min(G, nchunks - c0);
     const int64_t tile = (int64_t) blockIdx.x*gemv_il_tile_bytes(type, k);
-    const uint8_t * s = src + tile + (int64_t) c0*CB;
     uint8_t * d = dst + tile + (int64_t) c0*CRB;
     const int64_t row_bytes = gemv_il_row_bytes(type, k);
     const auto lead = [&](const int r) { return (int) ((uintptr_t) (d + r*row_bytes) & 15); };
-
-    for (int u = threadIdx.x; u < nc*U; u += blockDim.x) {
-        const int cc = u / U, v = u % U;
-        const bool is_q = v < QW;
-        const gemv_il_src o = is_q ? gemv_il_quant_src(type, v) : gemv_il_meta_src(type, v - QW);
-        const uint16_t * from = (const uint16_t *) (s + cc*CB + (is_q ? UB*v : gemv_il_quant_bytes(type) + 2*(v - QW)));
-        uint16_t * to = (uint16_t *) (plain + o.row*PITCH + lead(o.row) + cc*CRB + o.blk*gemv_il_block_bytes(type) + o.off);
-        to[0] = from[0];
-        if (is_q && UB == 4) {
-            to[1] = from[1];
-        }
-    }
+    gemv_il_gather_rows<type>(src + tile + (int64_t) c0*CB, nc, plain, PITCH, lead);
     __syncthreads();
 
     const int len = nc*CRB, units = PITCH/16; // 16-byte units per row, lead-in included
@@ -682,27 +689,57 @@ static void gemv_il_deinterleave_cuda(const int type, const uint8_t * src, uint8
     CUDA_CHECK(cudaGetLastError());
 }
 
-// W4A8 rows [row0, row0 + rows) -> Q8_0 rows at dst, for a prefill (upstream has no W4A8 kernel): the
-// blocks of gemv_il_w4a8_q8_0, d in fp16, read from the interleaved full tiles (rows < n_il) or ggml's
-// rows (the partial last tile). A thread a Q8_0 block.
-// luts: the level tables by codebook id; ids index it modulo its size, as in the GEMV.
-static __global__ void gemv_il_w4a8_to_q8_0(const uint8_t * src, block_q8_0 * dst, const int8_t * const * luts,
-                                            const int64_t k, const int64_t row0, const int64_t rows, const int64_t n_il) {
-    const int64_t i = (int64_t) blockIdx.x*blockDim.x + threadIdx.x, per_row = k/32;
-    if (i >= rows*per_row) {
-        return;
+// W4A8 rows -> Q8_0 rows at dst, for a prefill (upstream has no W4A8 kernel): the blocks of
+// gemv_il_w4a8_q8_0, d in fp16. CTA (tile, group of G chunks), as the de-interleave: a full tile's
+// chunks (interleaved) or the partial last tile's rows (ggml's layout) are gathered in shared memory,
+// expanded there, and each row's Q8_0 blocks of those chunks (272 bytes a chunk, 16-byte aligned: k is a
+// multiple of 256) written as one run of 16-byte stores. src, dst: the first row; luts: the level tables
+// by codebook id, which ids index modulo its size, as in the GEMV.
+static __global__ void __launch_bounds__(256)
+gemv_il_w4a8_to_q8_0(const uint8_t * src, uint8_t * dst, const int8_t * const * luts, const int64_t k, const int64_t rows) {
+    constexpr int type  = GEMV_IL_W4A8;
+    constexpr int G     = gemv_il_deinterleave_chunks(type);
+    constexpr int CRB   = gemv_il_chunk_row_bytes(type);
+    constexpr int QB    = (GEMV_IL_CHUNK_K/32)*sizeof(block_q8_0); // a row's Q8_0 bytes of a chunk
+    __shared__ __align__(16) uint8_t plain[GEMV_IL_TILE_ROWS*G*CRB];
+    __shared__ __align__(16) uint8_t q8[GEMV_IL_TILE_ROWS*G*QB];
+
+    const int nchunks = (int) (k/GEMV_IL_CHUNK_K);
+    const int c0 = blockIdx.y*G, nc = min(G, nchunks - c0);
+    const int64_t row0 = (int64_t) blockIdx.x*GEMV_IL_TILE_ROWS, row_bytes = gemv_il_row_bytes(type, k);
+    const int nrows = (int) min((int64_t) GEMV_IL_TILE_ROWS, rows - row0);
+    const uint8_t * s = src + row0*row_bytes;
+    if (nrows == GEMV_IL_TILE_ROWS) {
+        gemv_il_gather_rows<type>(s + (int64_t) c0*gemv_il_chunk_bytes(type), nc, plain, G*CRB, [](int) { return 0; });
+    } else {
+        for (int u = threadIdx.x; u < nrows*nc*CRB/2; u += blockDim.x) {
+            const int r = u / (nc*CRB/2), v = u % (nc*CRB/2);
+            ((uint16_t *) (plain + r*G*CRB))[v] = ((const uint16_t *) (s + r*row_bytes + (int64_t) c0*CRB))[v];
+        }
     }
-    const int64_t row = row0 + i/per_row, b32 = i % per_row, c = b32/8;
-    const int j = (int) (b32 % 8);
-    const uint8_t * base = row < n_il ? src + row/GEMV_IL_TILE_ROWS*gemv_il_tile_bytes(GEMV_IL_W4A8, k) + c*gemv_il_chunk_bytes(GEMV_IL_W4A8)
-                                      : src + row*gemv_il_row_bytes(GEMV_IL_W4A8, k) + c*gemv_il_block_bytes(GEMV_IL_W4A8);
-    const int r = (int) (row % GEMV_IL_TILE_ROWS);
-    const auto byte = [&](const int off) { return row < n_il ? base[gemv_il_w4a8_il_offset(r, off)] : base[off]; };
-    const int8_t * levels = luts[gemv_il_w4a8_word(byte, GEMV_IL_W4A8_CB) & (GEMV_IL_W4A8_CODEBOOKS - 1)];
-    block_q8_0 & out = dst[(row - row0)*per_row + b32];
-    float d;
-    gemv_il_w4a8_q8_0(byte, levels, j, d, out.qs);
-    out.d = __float2half(d);
+    __syncthreads();
+
+    for (int i = threadIdx.x; i < nrows*nc*8; i += blockDim.x) {
+        const int r = i / (nc*8), b = i % (nc*8);
+        const uint8_t * blk = plain + r*G*CRB + (b/8)*CRB;
+        const auto byte = [&](const int off) { return blk[off]; };
+        float d;
+        uint32_t qs[8];
+        gemv_il_w4a8_q8_0(byte, luts[gemv_il_w4a8_word(byte, GEMV_IL_W4A8_CB) & (GEMV_IL_W4A8_CODEBOOKS - 1)], b % 8, d, qs);
+        uint16_t * out = (uint16_t *) (q8 + r*G*QB + b*sizeof(block_q8_0)); // 2-byte aligned
+        out[0] = __half_as_ushort(__float2half(d));
+        for (int w = 0; w < 8; ++w) {
+            out[1 + 2*w] = (uint16_t) qs[w];
+            out[2 + 2*w] = (uint16_t) (qs[w] >> 16);
+        }
+    }
+    __syncthreads();
+
+    const int units = nc*QB/16; // 16-byte units of a row's run
+    for (int i = threadIdx.x; i < nrows*units; i += blockDim.x) {
+        const int r = i / units, u = i % units;
+        *(uint4 *) (dst + (row0 + r)*(k/32)*(int64_t) sizeof(block_q8_0) + (int64_t) c0*QB + 16*u) = *(const uint4 *) (q8 + r*G*QB + 16*u);
+    }
 }
 
 // Warps per CTA: the largest split whose CTAs all fit on the GPU at once (one wave, no tail), else 4
