@@ -258,33 +258,42 @@ GEMV_IL_HD int gemv_il_byte(uint32_t w, int i) {
 #endif // defined(__CUDA_ARCH__)
 }
 
-// __byte_perm: byte n of the result is byte (s >> 4n) & 7 of the 8 bytes {y:x} (x the low 4).
+// PRMT: byte n of the result is byte (s >> 4n) & 7 of the 8 bytes {y:x} (x the low 4), or that byte's
+// sign in all 8 bits where bit 3 of the selector nibble is set; s's upper 16 bits are not read. In asm:
+// __byte_perm clears the nibbles' bit 3 first.
 GEMV_IL_HD uint32_t gemv_il_byte_perm(uint32_t x, uint32_t y, uint32_t s) {
 #if defined(__CUDA_ARCH__)
-    return __byte_perm(x, y, s);
+    uint32_t r;
+    asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(x), "r"(y), "r"(s));
+    return r;
 #else
     const uint64_t v = x | (uint64_t) y << 32;
     uint32_t r = 0;
     for (int n = 0; n < 4; ++n) {
-        r |= (uint32_t) ((v >> 8*((s >> 4*n) & 7)) & 0xFF) << 8*n;
+        const uint32_t sel = (s >> 4*n) & 15, b = (uint32_t) (v >> 8*(sel & 7)) & 0xFF;
+        r |= (sel & 8 ? (b & 0x80 ? 0xFFu : 0u) : b) << 8*n;
     }
     return r;
 #endif // defined(__CUDA_ARCH__)
 }
 
-// W4A8: the int8 levels of 4 codes (the nibbles of v's low 16 bits, column order) from the level row
-// T[0..3] of their scale byte (levels 0..15). Two PRMTs pick from levels 0..7 and 8..15 by the codes' low 3
-// bits, a third picks per byte between them by bit 3 (selector nibble n: n, or 4 + n). Selector nibbles
-// stay below 8: PRMT's sign-replicate mode is never asked for.
-GEMV_IL_HD uint32_t gemv_il_w4a8_levels(uint32_t v, const uint32_t T[4]) {
-    const uint32_t sel = v & 0x7777u;
-    return gemv_il_byte_perm(gemv_il_byte_perm(T[0], T[1], sel), gemv_il_byte_perm(T[2], T[3], sel), ((v >> 1) & 0x4444u) | 0x3210u);
+// W4A8: the int8 levels of the 4 codes in half h of x (its nibbles 4h..4h+3, column order) from the level
+// row T[0..3] of their scale byte (levels 0..15). As selectors, the codes pick from levels 0..7 as they
+// are and from levels 8..15 with bit 3 flipped, each pick right where the other is junk (a set bit 3 asks
+// PRMT for the byte's sign); a third PRMT makes the mask of codes >= 8 from those bits 3, the signs of
+// bytes of x << 4 (even nibbles) and of x (odd ones).
+GEMV_IL_HD uint32_t gemv_il_w4a8_levels(uint32_t x, int h, const uint32_t T[4]) {
+    const uint32_t v  = x >> 16*h;
+    const uint32_t lo = gemv_il_byte_perm(T[0], T[1], v);
+    const uint32_t hi = gemv_il_byte_perm(T[2], T[3], v ^ 0x8888u);
+    const uint32_t m  = gemv_il_byte_perm(x << 4, x, h ? 0xFBEAu : 0xD9C8u);
+    return (lo & ~m) | (hi & m);
 }
 
 // The level row of scale byte s in the codebook's table (256 rows of 16 int8).
 GEMV_IL_HD void gemv_il_w4a8_row(const int8_t * levels, uint32_t s, uint32_t T[4]) {
 #if defined(__CUDA_ARCH__)
-    const uint4 v = *(const uint4 *) (levels + 16*s);
+    const uint4 v = __ldg((const uint4 *) (levels + 16*s)); // read-only: the non-coherent path, not a generic load
     T[0] = v.x; T[1] = v.y; T[2] = v.z; T[3] = v.w;
 #else
     memcpy(T, levels + 16*s, 16);
@@ -300,9 +309,9 @@ GEMV_IL_HD void gemv_il_w4a8_frag(const uint32_t (*q)[4], int b, uint32_t sw, co
         const uint32_t x = w[2*(b & 1) + r];
         uint32_t T[4];
         gemv_il_w4a8_row(levels[r], (sw >> 16*r) & 0xFF, T);
-        a[r] = gemv_il_w4a8_levels(x, T);
+        a[r] = gemv_il_w4a8_levels(x, 0, T);
         gemv_il_w4a8_row(levels[r], (sw >> (16*r + 8)) & 0xFF, T);
-        a[2 + r] = gemv_il_w4a8_levels(x >> 16, T);
+        a[2 + r] = gemv_il_w4a8_levels(x, 1, T);
     }
 }
 
@@ -348,7 +357,7 @@ GEMV_IL_HD void gemv_il_w4a8_q8_0(Byte byte, const int8_t * levels, int j, float
         gemv_il_w4a8_row(levels, s[h], T);
         for (int m = 0; m < 8; m += 2) {
             const int at = GEMV_IL_W4A8_QS + 16*j + 8*h + m;
-            qs[4*h + m/2] = nan ? 0 : gemv_il_w4a8_levels((uint32_t) byte(at) | (uint32_t) byte(at + 1) << 8, T);
+            qs[4*h + m/2] = nan ? 0 : gemv_il_w4a8_levels((uint32_t) byte(at) | (uint32_t) byte(at + 1) << 8, 0, T);
         }
     }
 }
