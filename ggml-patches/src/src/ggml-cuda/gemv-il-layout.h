@@ -34,6 +34,11 @@
 #define GEMV_IL_HD inline
 #endif
 
+// NVIDIA device code, where PTX asm is allowed (ggml's HIP build defines __CUDA_ARCH__ too)
+#if defined(__CUDA_ARCH__) && !defined(GGML_USE_HIP)
+#define GEMV_IL_PTX
+#endif
+
 enum gemv_il_type {
     GEMV_IL_Q4_0 = 0,
     GEMV_IL_Q8_0 = 1,
@@ -249,20 +254,20 @@ GEMV_IL_HD void gemv_il_frag_a(int type, const uint32_t (*q)[4], int b, uint32_t
 // operand (PTX ISA, prmt); ptxas shifts first for bytes 1 and 2 when written in C.
 template <bool is_signed>
 GEMV_IL_HD int gemv_il_byte(uint32_t w, int i) {
-#if defined(__CUDA_ARCH__)
+#if defined(GEMV_IL_PTX)
     int r;
     asm("prmt.b32 %0, %1, 0, %2;" : "=r"(r) : "r"(w), "r"(is_signed ? 0x8880 + 0x1111*i : 0x4440 + i));
     return r;
 #else
     return is_signed ? (int) (int8_t) (w >> 8*i) : (int) ((w >> 8*i) & 0xFF);
-#endif // defined(__CUDA_ARCH__)
+#endif // defined(GEMV_IL_PTX)
 }
 
 // PRMT: byte n of the result is byte (s >> 4n) & 7 of the 8 bytes {y:x} (x the low 4), or that byte's
 // sign in all 8 bits where bit 3 of the selector nibble is set; s's upper 16 bits are not read. In asm:
 // __byte_perm clears the nibbles' bit 3 first.
 GEMV_IL_HD uint32_t gemv_il_byte_perm(uint32_t x, uint32_t y, uint32_t s) {
-#if defined(__CUDA_ARCH__)
+#if defined(GEMV_IL_PTX)
     uint32_t r;
     asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(x), "r"(y), "r"(s));
     return r;
@@ -274,7 +279,7 @@ GEMV_IL_HD uint32_t gemv_il_byte_perm(uint32_t x, uint32_t y, uint32_t s) {
         r |= (sel & 8 ? (b & 0x80 ? 0xFFu : 0u) : b) << 8*n;
     }
     return r;
-#endif // defined(__CUDA_ARCH__)
+#endif // defined(GEMV_IL_PTX)
 }
 
 // W4A8: the int8 levels of the 4 codes in half h of x (its nibbles 4h..4h+3, column order) from the level
