@@ -122,7 +122,7 @@ static void emulate_chunk_dot(int type, const lane_chunk r[32], const uint8_t * 
             for (int lane = 0; lane < 32; ++lane) {
                 if (type == GEMV_IL_W4A8) { // the block's scale word from lane 4g + jp (__shfl_sync)
                     const int8_t * const levels[2] = {ref_w4a8_levels(), ref_w4a8_levels()};
-                    gemv_il_w4a8_frag(r[lane].q, 2*jp + h, r[(lane & ~3) | jp].s[h], levels, a[lane]);
+                    gemv_il_w4a8_frag(r[lane].q, 2*jp + h, r[(lane & ~3) | jp].s[h], lane & 3, levels, a[lane]);
                 } else {
                     gemv_il_frag_a(type, r[lane].q, 2*jp + h, a[lane]);
                 }
@@ -133,6 +133,11 @@ static void emulate_chunk_dot(int type, const lane_chunk r[32], const uint8_t * 
                 const float * xd = xs + jp*16 + (lane & 3)*4;
                 dx[lane][0] = xd[2*h];
                 dx[lane][1] = xd[2*h + 1];
+            }
+            if (type == GEMV_IL_W4A8) { // the activations in its k order (__shfl_xor_sync with lane ^ 2)
+                uint32_t out[32];
+                for (int lane = 0; lane < 32; ++lane) out[lane] = gemv_il_w4a8_swap_out(lane & 3, b[lane][0], b[lane][1]);
+                for (int lane = 0; lane < 32; ++lane) gemv_il_w4a8_swap(lane & 3, out[lane ^ 2], b[lane][0], b[lane][1]);
             }
             if (type == GEMV_IL_Q6_K) {
                 // two k16 MMAs: (a0, a1) with b0, (a2, a3) with b1

@@ -96,6 +96,11 @@ struct gemv_il_src {
     int off;
 };
 
+// W4A8's k order in a block: the mma's k = 4t..4t+3 (lane t of a group) is column c0(t) = 4t + 8*(t/2),
+// and k + 16 is column c0(t) + 8, which swaps the block's 8-column quarters 1 and 2. The GEMV gives the
+// activations the same order (gemv_il_w4a8_swap).
+GEMV_IL_HD constexpr int gemv_il_w4a8_col0(int t) { return 4*t + 8*(t >> 1); }
+
 // Quant unit qi (0 .. quant_bytes/unit bytes) of a chunk; but for W4A8, unit = word. Lane l = 4g + t of
 // warp load j holds words 4l..4l+3 of that load:
 //   Q4_0 [row g, blk 2j][row g+8, blk 2j][row g, blk 2j+1][row g+8, blk 2j+1], each the nibble bytes
@@ -110,13 +115,15 @@ struct gemv_il_src {
 //        p = 1: ql bytes 64h + 32 + 4t.. (s = 1 and s = 3),
 //        p = 2: qh bytes 32h + 4t.. (bit pair s: the high bits of block s, for all four).
 //   W4A8 as Q4_0 by rows and blocks, [row g, blk 2j][row g+8, blk 2j][row g, blk 2j+1][row g+8, blk 2j+1],
-//        each word two units: code bytes 16b + 2t, +1 (k = 4t..4t+3, nibble i = column 4t+i), then
-//        16b + 8 + 2t, +1 (k = 16+4t..).
+//        each word two units, in the block's k order with its 8-column quarters 1 and 2 swapped
+//        (gemv_il_w4a8_col0): code bytes c/2, c/2 + 1 of columns c = c0(t) .. c0(t)+3 (k = 4t..4t+3,
+//        nibble i = column c0(t)+i), then those of c0(t)+8 .. (k = 16+4t..). So lanes t = 0, 1 hold only
+//        the block's first 16-group, t = 2, 3 only its second: one level row a row.
 GEMV_IL_HD gemv_il_src gemv_il_quant_src(int type, int qi) {
     if (type == GEMV_IL_W4A8) {
         const int wi = qi >> 1, j = wi >> 7, l = (wi >> 2) & 31, w = wi & 3;
         const int g = l >> 2, t = l & 3, b = 2*j + (w >> 1);
-        return { g + 8*(w & 1), 0, GEMV_IL_W4A8_QS + 16*b + 8*(qi & 1) + 2*t };
+        return { g + 8*(w & 1), 0, GEMV_IL_W4A8_QS + 16*b + (gemv_il_w4a8_col0(t) + 8*(qi & 1))/2 };
     }
     const int j = qi >> 7, l = (qi >> 2) & 31, w = qi & 3;
     const int g = l >> 2, t = l & 3;
@@ -305,20 +312,28 @@ GEMV_IL_HD void gemv_il_w4a8_row(const int8_t * levels, uint32_t s, uint32_t T[4
 #endif // defined(__CUDA_ARCH__)
 }
 
-// W4A8's A fragment of block b from the chunk's quant words, the block's scale word sw = {row g: sr[2b],
-// sr[2b+1]}{row g+8: the same} and the level tables of rows g and g+8 (a0, a1 take the first 16-group's
-// levels, a2, a3 the second's).
-GEMV_IL_HD void gemv_il_w4a8_frag(const uint32_t (*q)[4], int b, uint32_t sw, const int8_t * const levels[2], uint32_t a[4]) {
+// W4A8's A fragment of block b for lane t of a group, from the chunk's quant words, the block's scale
+// word sw = {row g: sr[2b], sr[2b+1]}{row g+8: the same} and the level tables of rows g and g+8: all four
+// registers are in 16-group t/2 (gemv_il_w4a8_col0), so one level row a row.
+GEMV_IL_HD void gemv_il_w4a8_frag(const uint32_t (*q)[4], int b, uint32_t sw, int t, const int8_t * const levels[2], uint32_t a[4]) {
     const uint32_t * w = q[b >> 1];
     for (int r = 0; r < 2; ++r) { // row g, then g+8
         const uint32_t x = w[2*(b & 1) + r];
         uint32_t T[4];
-        gemv_il_w4a8_row(levels[r], (sw >> 16*r) & 0xFF, T);
+        gemv_il_w4a8_row(levels[r], (sw >> (16*r + 8*(t >> 1))) & 0xFF, T);
         a[r] = gemv_il_w4a8_levels(x, 0, T);
-        gemv_il_w4a8_row(levels[r], (sw >> (16*r + 8)) & 0xFF, T);
         a[2 + r] = gemv_il_w4a8_levels(x, 1, T);
     }
 }
+
+// The activations in W4A8's k order, from the B fragment {b0: k 4t.., b1: k 16+4t..} of the usual order:
+// lanes t = 0, 1 keep b0 and take b1 from lane t + 2's b0; lanes 2, 3 keep b1 and take b0 from lane t - 2's
+// b1. `other` is what the partner lane (t ^ 2) sent: its b0 if t < 2, else its b1.
+GEMV_IL_HD void gemv_il_w4a8_swap(int t, uint32_t other, uint32_t & b0, uint32_t & b1) {
+    (t < 2 ? b1 : b0) = other;
+}
+// What lane t sends its partner for gemv_il_w4a8_swap.
+GEMV_IL_HD uint32_t gemv_il_w4a8_swap_out(int t, uint32_t b0, uint32_t b1) { return t < 2 ? b1 : b0; }
 
 // Where byte `off` (0..151) of tile row `row`'s block in a W4A8 chunk lies in the interleaved chunk: the
 // inverse of gemv_il_quant_src / gemv_il_meta_src, for the prefill's expansion to Q8_0.
@@ -335,9 +350,10 @@ GEMV_IL_HD int gemv_il_w4a8_il_offset(int row, int off) {
         const int i = off - GEMV_IL_W4A8_SR, b = i >> 1;
         return meta + 2*(4*(4*g + (b >> 1)) + 2*(b & 1) + hi) + (i & 1);
     }
-    const int p = off - GEMV_IL_W4A8_QS, b = p >> 4, i = p & 15;
-    const int word = 128*(b >> 1) + 4*(4*g + ((i & 7) >> 1)) + 2*(b & 1) + hi;
-    return 4*word + 2*(i >> 3) + (i & 1);
+    const int p = off - GEMV_IL_W4A8_QS, b = p >> 4, i = p & 15; // code byte i: columns 2i, 2i+1
+    const int t = ((i >> 1) & 1) + 2*(i >> 3), unit = (i >> 2) & 1; // the inverse of gemv_il_w4a8_col0
+    const int word = 128*(b >> 1) + 4*(4*g + t) + 2*(b & 1) + hi;
+    return 4*word + 2*unit + (i & 1);
 }
 
 // The 4-byte field at byte off of a W4A8 block whose bytes `byte(off)` reads (d, the codebook id).

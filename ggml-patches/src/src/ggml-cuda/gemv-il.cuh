@@ -192,7 +192,11 @@ static __device__ __forceinline__ void gemv_il_chunk_dot(const gemv_il_chunk<typ
         const float4 xd = *(const float4 *) (xs + jp*16 + (lane & 3)*4);
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-            const int b0 = h ? xa.z : xa.x, b1 = h ? xa.w : xa.y;
+            uint32_t b0 = h ? xa.z : xa.x, b1 = h ? xa.w : xa.y;
+            if constexpr (type == GEMV_IL_W4A8) { // its k order
+                const uint32_t other = __shfl_xor_sync(0xFFFFFFFF, gemv_il_w4a8_swap_out(lane & 3, b0, b1), 2, WARP_SIZE);
+                gemv_il_w4a8_swap(lane & 3, other, b0, b1);
+            }
             // block 2jp + h: its scales sit in lane 4g + jp
             const int   src = (lane & ~3) | jp;
             const float dx0 = h ? xd.z : xd.x;
@@ -200,7 +204,7 @@ static __device__ __forceinline__ void gemv_il_chunk_dot(const gemv_il_chunk<typ
             uint32_t a[4];
             if constexpr (type == GEMV_IL_W4A8) {
                 const uint32_t sw = __shfl_sync(0xFFFFFFFF, r.s[h], src, WARP_SIZE);
-                gemv_il_w4a8_frag(r.q, 2*jp + h, sw, levels, a);
+                gemv_il_w4a8_frag(r.q, 2*jp + h, sw, lane & 3, levels, a);
                 nan_rows |= gemv_il_w4a8_nan_rows(sw);
             } else {
                 gemv_il_frag_a(type, r.q, 2*jp + h, a);
