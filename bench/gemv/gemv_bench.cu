@@ -140,10 +140,11 @@ static void launch_quantize(const float * x, int k, int m, uint8_t * xq, float *
 using gemv_kernel_t = void (*)(const uint8_t *, const int8_t * const *, const uint8_t *, const float *, float *, int, int, int, int64_t, gemv_il_epilogue);
 static gemv_kernel_t gemv_kernel(int type, int s) {
     return gemv_il_dispatch(type, [s](auto t) -> gemv_kernel_t {
-        return s == 1 ? gemv_il_mul_mat<decltype(t)::value, 1> : gemv_il_mul_mat<decltype(t)::value, 2>;
+        constexpr int type = decltype(t)::value;
+        return s == 1 ? gemv_il_mul_mat<type, 1> : s == 2 ? gemv_il_mul_mat<type, 2> : s == 3 ? gemv_il_mul_mat<type, 3> : gemv_il_mul_mat<type, 4>;
     });
 }
-static const std::vector<int> gemv_stages = {1, 2};
+static const std::vector<int> gemv_stages = {1, 2, 3, 4};
 
 // W4A8's level tables on the device, by codebook id, as pyqwen's (gemv-il-ggml.cu): every id gemv_ref.h's
 // codebook, which ref_mul_mat decodes with (the token bench's weights are a byte pattern, ids included)
