@@ -3,8 +3,8 @@
 // upstream ggml's quantize_q8_1 + mul_mat_vec_q on the same shapes. bench/gemv/run.sh builds and runs it.
 //
 //   gemv_bench [--quick] [TYPE]  --quick: correctness of the small shapes only; TYPE: that type only
-//   gemv_bench --token TYPE   one decode token's GEMVs of the 9B shape in TYPE (q4_0, q4_k, q8_0, w4a8; the head
-//                             Q6_K), each after its quantization, back to back in one CUDA graph
+//   gemv_bench --token TYPE [SHAPE]  one decode token's GEMVs of the 9B (or 27b) shape in TYPE (q4_0, q4_k,
+//                             q8_0, w4a8; the head Q6_K), each after its quantization, back to back in one CUDA graph
 #include "gemv-il.cuh"
 #include "gemv_ref.h"
 
@@ -458,14 +458,22 @@ static void run_shape(int type, const shape & sh, uint64_t seed, cudaStream_t st
     (void) up_ctx;
 }
 
-// The GEMVs of one decode token of the Qwen3.5-9B shape: 32 layers (DeltaNet in_proj 12352 and ssm_out,
-// or attention qkv 10240 and wo, then ffn gate+up 24576 and down), then the 248320-row head in Q6_K,
-// each after its activation quantization, all in one CUDA graph, every weight in its own part of one
-// arena (4.7 GB, far beyond the L2). The bytes are not a real layout: the kernels' time does not
-// depend on them. What a token's GEMVs cost against the read ceiling, launch gaps and tails included
-// (the census of bench/census.py has the same kernels inside the model); GGML_CUDA_PDL=0 in the
-// environment turns programmatic dependent launch off (pyqwen keeps it on for these kernels).
-static void run_token(int type, double ceil_gbs, cudaStream_t st) {
+// A decode token's GEMVs: layers of DeltaNet (in_proj, ssm_out) or, every 4th, gated attention (qkv, wo),
+// each then the FFN (gate+up, down); then the 248320-row head in Q6_K. `k_mid`: the input width of
+// ssm_out and wo (the DeltaNet value width and the attention heads' width are equal in both shapes).
+struct token_shape { const char * name; int hidden, layers, dn_in, attn_qkv, k_mid, ffn; };
+static const token_shape token_shapes[] = {
+    {"9b",  4096, 32, 12352, 10240, 4096, 12288},
+    {"27b", 5120, 64, 16480, 14336, 6144, 17408},
+};
+
+// The GEMVs of one decode token of a Qwen3.5 shape (pyqwen synth's 9B or 27B), each after its activation
+// quantization, all in one CUDA graph, every weight in its own part of one arena (4.7 GB for the 9B,
+// far beyond the L2). The bytes are not a real layout: the kernels' time does not depend on them. What a
+// token's GEMVs cost against the read ceiling, launch gaps and tails included (the census of
+// bench/census.py has the same kernels inside the model); GGML_CUDA_PDL=0 in the environment turns
+// programmatic dependent launch off (pyqwen keeps it on for these kernels).
+static void run_token(int type, const token_shape & sh, double ceil_gbs, cudaStream_t st) {
     struct gemv { int type, k, n; size_t at; };
     std::vector<gemv> seq;
     size_t bytes = 0;
@@ -473,23 +481,24 @@ static void run_token(int type, double ceil_gbs, cudaStream_t st) {
         seq.push_back({t, k, n, bytes});
         bytes += (size_t) n*gemv_il_row_bytes(t, k);
     };
-    for (int il = 0; il < 32; ++il) {
-        add(type, 4096, il % 4 == 3 ? 10240 : 12352);
-        add(type, 4096, 4096);
-        add(type, 4096, 24576);
-        add(type, 12288, 4096);
+    for (int il = 0; il < sh.layers; ++il) {
+        add(type, sh.hidden, il % 4 == 3 ? sh.attn_qkv : sh.dn_in);
+        add(type, sh.k_mid, sh.hidden);
+        add(type, sh.hidden, 2*sh.ffn);
+        add(type, sh.ffn, sh.hidden);
     }
-    add(GEMV_IL_Q6_K, 4096, 248320);
-    dev_buf w(bytes), x((size_t) 12288*GEMV_IL_MAX_TOKENS*sizeof(float)), y((size_t) 248320*GEMV_IL_MAX_TOKENS*sizeof(float));
-    dev_buf xq(gemv_il_xq_bytes(12288)), xs(2*gemv_il_xs_count(12288)*sizeof(float));
+    add(GEMV_IL_Q6_K, sh.hidden, 248320);
+    const int kmax = sh.ffn;
+    dev_buf w(bytes), x((size_t) kmax*GEMV_IL_MAX_TOKENS*sizeof(float)), y((size_t) 248320*GEMV_IL_MAX_TOKENS*sizeof(float));
+    dev_buf xq(gemv_il_xq_bytes(kmax)), xs(2*gemv_il_xs_count(kmax)*sizeof(float));
     CUDA_CHECK(cudaMemsetAsync(w.p, 0x11, bytes, st));
-    CUDA_CHECK(cudaMemsetAsync(x.p, 0, (size_t) 12288*GEMV_IL_MAX_TOKENS*sizeof(float), st));
+    CUDA_CHECK(cudaMemsetAsync(x.p, 0, (size_t) kmax*GEMV_IL_MAX_TOKENS*sizeof(float), st));
     std::vector<int> nwarps;
     for (const gemv & g : seq) nwarps.push_back(pick_nwarps(g.type, g.n, g.k));
     if (type == GEMV_IL_W4A8) device_w4a8_luts();  // made before the capture, which cannot allocate
     const char * pdl = getenv("GGML_CUDA_PDL");
-    printf("\n| %s token, PDL %s | M | us per token | GEMV launches | GB | TB/s | %% of read |\n|---|---|---|---|---|---|---|\n",
-           type_name(type), pdl && atoi(pdl) == 0 ? "off" : "on");
+    printf("\n| %s %s token, PDL %s | M | us per token | GEMV launches | GB | TB/s | %% of read |\n|---|---|---|---|---|---|---|\n",
+           sh.name, type_name(type), pdl && atoi(pdl) == 0 ? "off" : "on");
     for (int m : {1, 8}) {
         const double us = time_graph(st, 1, [&](int) {
             for (size_t i = 0; i < seq.size(); ++i) {
@@ -501,7 +510,7 @@ static void run_token(int type, double ceil_gbs, cudaStream_t st) {
         });
         printf("| | %d | %.1f | %zu | %.2f | %.2f | %.0f |\n", m, us, seq.size(), bytes*1e-9, bytes*1e-6/us, 100.0*bytes*1e-3/us/ceil_gbs);
     }
-    if (type == GEMV_IL_W4A8) { // a prefill's expansion of the 128 layer weights to Q8_0, each into one slab
+    if (type == GEMV_IL_W4A8) { // a prefill's expansion of the layer weights to Q8_0, each into one slab
         size_t slab = 0;
         for (size_t i = 0; i + 1 < seq.size(); ++i) slab = std::max(slab, (size_t) seq[i].n*(seq[i].k/32)*sizeof(block_q8_0));
         dev_buf q8(slab);
@@ -509,7 +518,7 @@ static void run_token(int type, double ceil_gbs, cudaStream_t st) {
             for (size_t i = 0; i + 1 < seq.size(); ++i) launch_w4a8_to_q8_0(w.as<uint8_t>() + seq[i].at, q8.as<uint8_t>(), seq[i].k, seq[i].n, st);
         });
         const double gb = seq.back().at*1e-9*(1.0 + 34.0/19.0);  // W4A8 read (19 bytes / 32 weights), Q8_0 written (34)
-        printf("W4A8 -> Q8_0 expansion of the 128 layer weights: %.1f us, %.0f GB/s read + written\n", us, gb*1e6/us);
+        printf("W4A8 -> Q8_0 expansion of the %zu layer weights: %.1f us, %.0f GB/s read + written\n", seq.size() - 1, us, gb*1e6/us);
     }
 }
 
@@ -520,12 +529,14 @@ int main(int argc, char ** argv) {
     cudaStream_t st;
     CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
     if (argc > 2 && std::string(argv[1]) == "--token") {
-        const std::string t = argv[2];
+        const std::string t = argv[2], shape_name = argc > 3 ? argv[3] : "9b";
         const int type = t == "q4_0" ? GEMV_IL_Q4_0 : t == "q4_k" ? GEMV_IL_Q4_K : t == "q8_0" ? GEMV_IL_Q8_0 : t == "w4a8" ? GEMV_IL_W4A8 : -1;
-        if (type < 0) { fprintf(stderr, "--token takes q4_0, q4_k, q8_0 or w4a8\n"); return 2; }
+        const token_shape * sh = nullptr;
+        for (const token_shape & s : token_shapes) if (shape_name == s.name) sh = &s;
+        if (type < 0 || sh == nullptr) { fprintf(stderr, "--token takes q4_0, q4_k, q8_0 or w4a8, then 9b (default) or 27b\n"); return 2; }
         const double ceil_gbs = measure_read_ceiling(st);
         printf("read ceiling (4 GiB, 16-byte loads): %.0f GB/s\n", ceil_gbs);
-        run_token(type, ceil_gbs, st);
+        run_token(type, *sh, ceil_gbs, st);
         return 0;
     }
     const char * only = argc > 1 + quick ? argv[1 + quick] : nullptr;
