@@ -187,31 +187,31 @@ def run(a) -> int:
     gpu, driver = gpu_info()
     date = datetime.date.today().isoformat()
     rows = []
-    jsonl = open(out / "side_by_side.jsonl", "w")  # row by row, so a run cut off by a time limit keeps its rows
-    for model, wtype, path in models:
-        for tests, is_mem in ((a.tests, False), (MEM_TEST, True)):
-            flags = ["-m", str(path), "-ngl", "99", "-fa", "1", *shlex.split(tests), "-o", "jsonl"]
-            ours, our_mib = bench(["pyqwen-bench", *flags], out / "bench.log")
-            theirs, their_mib = bench([str(llama_bench), *flags], out / "bench.log")
-            by_key = {(test_name(r), r["type_k"], r["type_v"]): r for r in theirs}
-            for r in ours:
-                key = (test_name(r), r["type_k"], r["type_v"])
-                up = by_key.get(key)
-                row = {"date": date, "gpu": gpu, "driver": driver, "commit": a.commit, "model": model,
-                       "wtype": wtype, "test": key[0], "ctk": key[1], "ctv": key[2], "mtp": r["mtp"],
-                       "pyqwen_tps": round(r["avg_ts"], 2), "pyqwen_tps_sd": round(r["stddev_ts"], 2),
-                       "upstream_tps": round(up["avg_ts"], 2) if up else None,
-                       "upstream_tps_sd": round(up["stddev_ts"], 2) if up else None,
-                       "ratio": round(r["avg_ts"] / up["avg_ts"], 3) if up else None,
-                       "pyqwen_host_us_per_token": round(r["host_us_per_token"], 1),
-                       "command": f"pyqwen-bench / llama-bench {shlex.join(flags[:1] + [path.name] + flags[2:])}"}
-                if is_mem:
-                    row.update(pyqwen_gpu_mib=our_mib, upstream_gpu_mib=their_mib, n_ctx=32768)
-                rows.append(row)
-                jsonl.write(json.dumps(row) + "\n")
-                jsonl.flush()
-                log(f"{model} {wtype} {key[0]}: pyqwen {row['pyqwen_tps']} t/s, upstream {row['upstream_tps']} t/s")
-    jsonl.close()
+    # row by row, so a run cut off by a time limit keeps its rows
+    with open(out / "side_by_side.jsonl", "w") as jsonl:
+        for model, wtype, path in models:
+            for tests, is_mem in ((a.tests, False), (MEM_TEST, True)):
+                flags = ["-m", str(path), "-ngl", "99", "-fa", "1", *shlex.split(tests), "-o", "jsonl"]
+                ours, our_mib = bench(["pyqwen-bench", *flags], out / "bench.log")
+                theirs, their_mib = bench([str(llama_bench), *flags], out / "bench.log")
+                by_key = {(test_name(r), r["type_k"], r["type_v"]): r for r in theirs}
+                for r in ours:
+                    key = (test_name(r), r["type_k"], r["type_v"])
+                    up = by_key.get(key)
+                    row = {"date": date, "gpu": gpu, "driver": driver, "commit": a.commit, "model": model,
+                           "wtype": wtype, "test": key[0], "ctk": key[1], "ctv": key[2], "mtp": r["mtp"],
+                           "pyqwen_tps": round(r["avg_ts"], 2), "pyqwen_tps_sd": round(r["stddev_ts"], 2),
+                           "upstream_tps": round(up["avg_ts"], 2) if up else None,
+                           "upstream_tps_sd": round(up["stddev_ts"], 2) if up else None,
+                           "ratio": round(r["avg_ts"] / up["avg_ts"], 3) if up else None,
+                           "pyqwen_host_us_per_token": round(r["host_us_per_token"], 1),
+                           "command": f"pyqwen-bench / llama-bench {shlex.join(flags[:1] + [path.name] + flags[2:])}"}
+                    if is_mem:
+                        row.update(pyqwen_gpu_mib=our_mib, upstream_gpu_mib=their_mib, n_ctx=32768)
+                    rows.append(row)
+                    jsonl.write(json.dumps(row) + "\n")
+                    jsonl.flush()
+                    log(f"{model} {wtype} {key[0]}: pyqwen {row['pyqwen_tps']} t/s, upstream {row['upstream_tps']} t/s")
     print(markdown(rows))
     log(f"done ({time.time() - t0:.0f} s)")
     return 0

@@ -3,7 +3,7 @@
 
 #include "common.cuh"
 
-// heads of up to 512 channels, conv kernels up to 8 wide
+// heads and conv kernels within GGML_PYQWEN_DELTANET_PREP_CUDA_MAX_HEAD / _MAX_K (ggml-pyqwen.h)
 bool ggml_cuda_pyqwen_deltanet_prep_supported(const ggml_tensor * op);
 
 void ggml_cuda_op_pyqwen_deltanet_prep(ggml_backend_cuda_context & ctx, ggml_tensor * dst);
