@@ -76,49 +76,6 @@ std::unique_ptr<ggml_cuda_pool> ggml_backend_cuda_context::new_pool_for_device(i
 
 // ---- harness ----
 
-// The layout on the device, checked here against the host relayout (gemv_il_relayout_tile) that
-// set_tensor runs; pyqwen itself relays out on the host.
-// Out-of-place re-layout of ntiles full tiles (src and dst do not overlap); one thread per word or scale.
-template <int type>
-static __global__ void gemv_il_relayout(const uint8_t * src, uint8_t * dst, const int64_t k, const int64_t ntiles, const bool inverse) {
-    constexpr int ub = gemv_il_quant_unit_bytes(type), qwords = gemv_il_quant_bytes(type)/ub;
-    constexpr int units_per_chunk = qwords + gemv_il_meta_bytes(type)/2;
-    const int64_t units_per_tile = k/GEMV_IL_CHUNK_K*units_per_chunk;
-    for (int64_t u = (int64_t) blockIdx.x*blockDim.x + threadIdx.x; u < ntiles*units_per_tile; u += (int64_t) gridDim.x*blockDim.x) {
-        const int64_t base = u / units_per_tile * gemv_il_tile_bytes(type, k);
-        const int     c    = (int) (u % units_per_tile / units_per_chunk);
-        const int     v    = (int) (u % units_per_chunk);
-        const bool    is_q = v < qwords;
-        const int64_t o    = is_q ? gemv_il_quant_src_offset(type, k, c, v) : gemv_il_meta_src_offset(type, k, c, v - qwords);
-        const int64_t il   = (int64_t) c*gemv_il_chunk_bytes(type) + (is_q ? ub*v : gemv_il_quant_bytes(type) + 2*(v - qwords));
-        const uint16_t * s = (const uint16_t *) (src + base + (inverse ? il : o));
-        uint16_t       * d = (uint16_t       *) (dst + base + (inverse ? o : il));
-        d[0] = s[0];
-        if (is_q && ub == 4) {
-            d[1] = s[1];
-        }
-    }
-}
-
-// In-place re-layout of a whole weight in device memory through `scratch` (at least one tile): each batch
-// of tiles is copied to scratch and permuted back into place. The partial last tile is not touched.
-static void gemv_il_relayout_inplace_cuda(const int type, uint8_t * data, const int64_t n, const int64_t k,
-                                          uint8_t * scratch, const size_t scratch_bytes, const bool inverse, cudaStream_t stream) {
-    const int64_t tile_bytes = gemv_il_tile_bytes(type, k);
-    const int64_t ntiles     = n / GEMV_IL_TILE_ROWS;
-    const int64_t per_batch  = (int64_t) scratch_bytes / tile_bytes;
-    GGML_ASSERT(per_batch >= 1);
-    for (int64_t t0 = 0; t0 < ntiles; t0 += per_batch) {
-        const int64_t nt = std::min(per_batch, ntiles - t0);
-        CUDA_CHECK(cudaMemcpyAsync(scratch, data + t0*tile_bytes, nt*tile_bytes, cudaMemcpyDeviceToDevice, stream));
-        const int nblocks = (int) std::min<int64_t>(4096, (nt*tile_bytes/4 + 255)/256);
-        gemv_il_dispatch(type, [&](auto t) {
-            gemv_il_relayout<decltype(t)::value><<<nblocks, 256, 0, stream>>>(scratch, data + t0*tile_bytes, k, nt, inverse);
-        });
-        CUDA_CHECK(cudaGetLastError());
-    }
-}
-
 static const char * type_name(int type) {
     const char * names[] = {"q4_0", "q8_0", "q4_k", "q6_k", "w4a8"};  // by gemv_il_type
     return names[type];
@@ -284,29 +241,29 @@ static void run_shape(int type, const shape & sh, uint64_t seed, cudaStream_t st
     std::vector<float> x((size_t) GEMV_IL_MAX_TOKENS*k);
     ref_fill_activations(k, x.data(), seed ^ 0xABCDEFull);
 
-    // device re-layout in place through a small scratch vs the host re-layout, and back
+    // the prefill's in-place tile moves (gemv_il_relayout_tiles) vs the host re-layout, and back
     dev_buf d_w(wbytes), d_il(wbytes);
-    const size_t scratch_bytes = std::max<size_t>(gemv_il_tile_bytes(type, k), 3u << 20);
-    dev_buf d_scratch(scratch_bytes);
+    const int64_t ntiles = n / GEMV_IL_TILE_ROWS;
+    GGML_ASSERT(gemv_il_relayout_smem(type, k) <= g_prop.sharedMemPerBlockOptin); // every shape here
     CUDA_CHECK(cudaMemcpyAsync(d_w.p, w.data(), wbytes, cudaMemcpyHostToDevice, st));
     CUDA_CHECK(cudaMemcpyAsync(d_il.p, d_w.p, wbytes, cudaMemcpyDeviceToDevice, st));
-    gemv_il_relayout_inplace_cuda(type, d_il.as<uint8_t>(), n, k, d_scratch.as<uint8_t>(), scratch_bytes, false, st);
+    gemv_il_relayout_tiles_cuda(type, d_il.as<uint8_t>(), k, ntiles, false, st);
     {
         std::vector<uint8_t> il_host = w, il_dev(wbytes);
         const int64_t tb = gemv_il_tile_bytes(type, k);
-        ref_parallel_for(n / GEMV_IL_TILE_ROWS, [&](int64_t t) { gemv_il_relayout_tile(type, k, w.data() + t*tb, il_host.data() + t*tb, false); });
+        ref_parallel_for(ntiles, [&](int64_t t) { gemv_il_relayout_tile(type, k, w.data() + t*tb, il_host.data() + t*tb, false); });
         CUDA_CHECK(cudaMemcpyAsync(il_dev.data(), d_il.p, wbytes, cudaMemcpyDeviceToHost, st));
         CUDA_CHECK(cudaStreamSynchronize(st));
-        report(il_dev == il_host, "%s k=%d n=%d: device re-layout in place (scratch %zu KiB) equals the host re-layout", tn, k, n, scratch_bytes >> 10);
+        report(il_dev == il_host, "%s k=%d n=%d: device re-layout in place (tile in shared memory) equals the host re-layout", tn, k, n);
         dev_buf d_back(wbytes);
         CUDA_CHECK(cudaMemcpyAsync(d_back.p, d_il.p, wbytes, cudaMemcpyDeviceToDevice, st));
-        gemv_il_relayout_inplace_cuda(type, d_back.as<uint8_t>(), n, k, d_scratch.as<uint8_t>(), scratch_bytes, true, st);
+        gemv_il_relayout_tiles_cuda(type, d_back.as<uint8_t>(), k, ntiles, true, st);
         CUDA_CHECK(cudaMemcpyAsync(il_dev.data(), d_back.p, wbytes, cudaMemcpyDeviceToHost, st));
         CUDA_CHECK(cudaStreamSynchronize(st));
-        report(il_dev == w, "%s k=%d n=%d: device inverse re-layout gives the ggml bytes back", tn, k, n);
+        report(il_dev == w, "%s k=%d n=%d: device inverse re-layout in place gives the ggml bytes back", tn, k, n);
 
         // the prefill path's out-of-place de-interleave (full tiles; the partial tile is copied raw)
-        const int64_t ntiles = n / GEMV_IL_TILE_ROWS, il_bytes = ntiles*tb;
+        const int64_t il_bytes = ntiles*tb;
         std::vector<uint8_t> plain(wbytes, 0xAB), want(w.begin(), w.begin() + il_bytes);
         CUDA_CHECK(cudaMemsetAsync(d_back.p, 0xAB, wbytes, st));
         if (ntiles > 0) gemv_il_deinterleave_cuda(type, d_il.as<uint8_t>(), d_back.as<uint8_t>(), k, ntiles, st);
@@ -316,6 +273,8 @@ static void run_shape(int type, const shape & sh, uint64_t seed, cudaStream_t st
         if (ntiles > 0 && il_bytes >= (64 << 20)) {
             const double us = time_graph(st, 4, [&](int) { gemv_il_deinterleave_cuda(type, d_il.as<uint8_t>(), d_back.as<uint8_t>(), k, ntiles, st); });
             printf("     de-interleave %s k=%d n=%d: %.1f us, %.0f GB/s read + written\n", tn, k, n, us, 2e-3*il_bytes/us);
+            const double us2 = time_graph(st, 2, [&](int i) { gemv_il_relayout_tiles_cuda(type, d_il.as<uint8_t>(), k, ntiles, i == 0, st); });
+            printf("     in place to ggml's layout and back %s k=%d n=%d: %.1f us a move, %.0f GB/s read + written\n", tn, k, n, us2, 2e-3*il_bytes/us2);
         }
     }
 
@@ -519,6 +478,26 @@ static void run_token(int type, const token_shape & sh, double ceil_gbs, cudaStr
         });
         const double gb = seq.back().at*1e-9*(1.0 + 34.0/19.0);  // W4A8 read (19 bytes / 32 weights), Q8_0 written (34)
         printf("W4A8 -> Q8_0 expansion of the %zu layer weights: %.1f us, %.0f GB/s read + written\n", seq.size() - 1, us, gb*1e6/us);
+    } else { // a prefill's moves of the layer weights: in place to ggml's layout and back, or copies de-interleaved
+        size_t copy = 0;
+        for (size_t i = 0; i + 1 < seq.size(); ++i) copy = std::max(copy, (size_t) seq[i].n*gemv_il_row_bytes(type, seq[i].k));
+        dev_buf plain(copy);
+        const auto in_place = [&](int) {
+            for (size_t i = 0; i + 1 < seq.size(); ++i) {
+                for (const bool to_plain : {true, false}) {
+                    gemv_il_relayout_tiles_cuda(type, w.as<uint8_t>() + seq[i].at, seq[i].k, seq[i].n / GEMV_IL_TILE_ROWS, to_plain, st);
+                }
+            }
+        };
+        in_place(0); // raises the kernels' shared memory limit outside the capture
+        const double us = time_graph(st, 1, in_place), us_copy = time_graph(st, 1, [&](int) {
+            for (size_t i = 0; i + 1 < seq.size(); ++i) {
+                gemv_il_deinterleave_cuda(type, w.as<uint8_t>() + seq[i].at, plain.as<uint8_t>(), seq[i].k, seq[i].n / GEMV_IL_TILE_ROWS, st);
+            }
+        });
+        const double gb = seq.back().at*1e-9;
+        printf("%s prefill moves of the %zu layer weights: in place and back %.1f us (%.0f GB/s read + written), "
+               "de-interleaved copies %.1f us (%.0f GB/s)\n", type_name(type), seq.size() - 1, us, 4*gb*1e6/us, us_copy, 2*gb*1e6/us_copy);
     }
 }
 

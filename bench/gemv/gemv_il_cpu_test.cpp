@@ -263,6 +263,28 @@ int main() {
             const bool rt = back == w && moved;
             printf("%s relayout round trip k=%d n=%d: %s\n", names[type], k, n, rt ? "ok" : "FAILED");
             rt ? ++passed : ++failed;
+
+            // the device's in-place tile moves (gemv_il_relayout_tiles) by their index math, both ways,
+            // against the host re-layout; the map starts poisoned, so an entry it misses fails
+            for (const bool to_plain : {false, true}) {
+                const int row_bytes = (int) gemv_il_row_bytes(type, k), tb = (int) gemv_il_tile_bytes(type, k);
+                std::vector<int> map(gemv_il_chunk_bytes(type)/2, 1 << 30);
+                for (int h = 0; h < (int) map.size(); ++h) gemv_il_relayout_map_entry(type, row_bytes, h, to_plain, map.data());
+                std::vector<uint8_t> moved_tiles(wbytes, 0xAA);
+                const std::vector<uint8_t> & from = to_plain ? il : w;
+                bool in_range = true;
+                for (int64_t t = 0; t < n / 16; ++t) {
+                    for (int b = 0; b < tb; b += 2) {
+                        const int s = gemv_il_relayout_src(type, row_bytes, map.data(), b, to_plain);
+                        in_range = in_range && s >= 0 && s + 1 < tb;
+                        if (in_range) memcpy(moved_tiles.data() + t*tb + b, from.data() + t*tb + s, 2);
+                    }
+                }
+                const std::vector<uint8_t> & want = to_plain ? w : il;
+                const bool same = in_range && memcmp(moved_tiles.data(), want.data(), full) == 0;
+                printf("%s in-place tile move %s k=%d n=%d: %s\n", names[type], to_plain ? "to ggml" : "to interleaved", k, n, same ? "ok" : "FAILED");
+                same ? ++passed : ++failed;
+            }
             if (type == GEMV_IL_W4A8) { // the inverse map the prefill's expansion to Q8_0 reads with
                 bool inv = true;
                 for (int64_t t = 0; t < n / 16; ++t) {

@@ -2,8 +2,9 @@
 // uploaded into the CUDA_IL buffer type must read back as ggml's bytes (get_tensor un-permutes), and
 // MUL_MAT on them (M = 1..8 through the GEMV, M = 13 as two launches) must be as close to the exact
 // product (float64 over the dequantized weights) as upstream's CUDA kernels on the same inputs. M = 24 is
-// three GEMV launches, M = 40 and 64 take the prefill path (the weight de-interleaved into the pool for
-// upstream's kernels). Every weight is also uploaded in row pieces, as pyqwen's stacked projections are,
+// three GEMV launches, M = 40 and 64 take the prefill path (upstream's kernels on the weight moved to
+// ggml's layout in place and back, or where a tile exceeds a CTA's shared memory, and for W4A8, on slabs
+// of it in the pool); the weight is read back after the product, so it must be interleaved again. Every weight is also uploaded in row pieces, as pyqwen's stacked projections are,
 // some starting inside the partial last tile. Some row counts add a residual to the product (ADD(R,
 // MUL_MAT), which the GEMV fuses into its output; the prefill path does not), some take RMS_NORM(x) * w
 // (the norm prologue of the activation quantization), and decode-sized ones also run as ARGMAX(MUL_MAT),
@@ -79,16 +80,16 @@ static std::vector<float> mul_mat(ggml_backend_t backend, ggml_backend_buffer_ty
     ggml_backend_tensor_set(X, x.data(), 0, x.size()*sizeof(float));
     if (N) ggml_backend_tensor_set(N, a.norm.data(), 0, a.norm.size()*sizeof(float));
     if (R) ggml_backend_tensor_set(R, a.res.data(), 0, a.res.size()*sizeof(float));
-    if (w_back) {
-        w_back->resize(w.size());
-        ggml_backend_tensor_get(W, w_back->data(), 0, w.size());
-    }
     ggml_cgraph * gf = ggml_new_graph(cx);
     ggml_build_forward_expand(gf, Y);
     for (int i = 0; i < ggml_graph_n_nodes(gf); ++i) {
         if (!ggml_backend_supports_op(backend, ggml_graph_node(gf, i))) { fprintf(stderr, "%s unsupported\n", ggml_op_desc(ggml_graph_node(gf, i))); std::exit(2); }
     }
     ggml_backend_graph_compute(backend, gf);
+    if (w_back) { // after the product, which may have moved the weight's bytes and back
+        w_back->resize(w.size());
+        ggml_backend_tensor_get(W, w_back->data(), 0, w.size());
+    }
     std::vector<float> y(a.argmax ? (size_t) m : (size_t) (W2 ? a.n2 : n)*m);
     if (a.argmax) {
         std::vector<int32_t> rows(m);
@@ -171,8 +172,9 @@ int main() {
     int passed = 0, failed = 0;
     const ggml_type types[] = { GGML_TYPE_Q4_0, GGML_TYPE_Q8_0, GGML_TYPE_Q4_K, GGML_TYPE_Q6_K, GGML_TYPE_PQ_W4A8 };
     // k, n; the second to fourth are the tiny test model's (tests/test_weight_types.py): stacked in_proj,
-    // ffn_down, ssm_beta; the last is larger than the prefill path's 16 MiB slabs in every type
-    const int shapes[][2] = { {256, 37}, {256, 776}, {512, 256}, {256, 4}, {512, 5}, {1024, 100}, {4096, 1000}, {4096, 8200} };
+    // ffn_down, ssm_beta; {4096, 8200} is larger than the prefill path's 16 MiB slabs in every type; a Q8_0
+    // tile of k = 16384 (278 KiB) exceeds a CTA's shared memory, so its prefill takes the slabs
+    const int shapes[][2] = { {256, 37}, {256, 776}, {512, 256}, {256, 4}, {512, 5}, {1024, 100}, {4096, 1000}, {4096, 8200}, {16384, 40} };
     for (ggml_type type : types) {
         for (const auto & s : shapes) {
             const int k = s[0], n = s[1];

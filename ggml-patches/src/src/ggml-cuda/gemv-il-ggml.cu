@@ -61,12 +61,8 @@ static bool gemv_il_eligible(const ggml_tensor * t, const int device) {
 }
 
 bool ggml_cuda_gemv_il_owns(const ggml_tensor * src0) {
+    // a view, and so a weight in ggml's layout for a prefill (ggml_cuda_mul_mat_gemv_il), is not
     if (src0->buffer == nullptr || !ggml_backend_buft_is_cuda_gemv_il(src0->buffer->buft) || src0->view_src != nullptr) {
-        return false;
-    }
-    // a weight's de-interleaved slab (ggml_cuda_mul_mat_gemv_il) keeps the buffer but not the bytes
-    const char * base = (const char *) ggml_backend_buffer_get_base(src0->buffer);
-    if ((const char *) src0->data < base || (const char *) src0->data >= base + ggml_backend_buffer_get_size(src0->buffer)) {
         return false;
     }
     return gemv_il_eligible(src0, ((gemv_il_buffer_context *) src0->buffer->context)->device);
@@ -207,10 +203,11 @@ static void gemv_il_launch(ggml_backend_cuda_context & ctx, const ggml_tensor * 
     }
 }
 
-// Token groups of 8 up to this many; a larger batch (prefill) has upstream's kernels multiply the
-// weight's rows slab by slab, each de-interleaved into one pool buffer of at most gemv_il_slab_bytes():
-// about one read and one write of the weight more than upstream, and a bounded buffer instead of a
-// whole copy (the stacked FFN weights of the 9B shape are 54 MiB in Q4_0).
+// Token groups of 8 up to this many; a larger batch (prefill) has upstream's kernels multiply the weight
+// in ggml's layout: moved there in place and back (gemv_il_relayout_tiles: two reads and two writes of
+// the weight more than upstream, no memory) where a tile fits in a CTA's shared memory; else, and for
+// W4A8, which upstream cannot multiply, slab by slab, each de-interleaved (or expanded to Q8_0) into one
+// pool buffer of at most gemv_il_slab_bytes() (the stacked FFN weights of the 9B shape are 54 MiB in Q4_0).
 static constexpr int GEMV_IL_MAX_GROUPS = 3;
 
 // 16 MiB unless PYQWEN_GEMV_SLAB_MIB says otherwise: larger slabs trade device memory for prefill speed.
@@ -273,6 +270,18 @@ void ggml_cuda_mul_mat_gemv_il(ggml_backend_cuda_context & ctx, const ggml_tenso
         return;
     }
 
+    // the weight as a view: upstream's path, not this one (ggml_cuda_gemv_il_owns)
+    ggml_tensor w = *src0;
+    w.view_src = const_cast<ggml_tensor *>(src0);
+    const int type = gemv_il_type(src0->type);
+    if (src0->type != GGML_TYPE_PQ_W4A8 && gemv_il_relayout_smem(type, k) <= ggml_cuda_info().devices[ctx.device].smpbo) {
+        uint8_t * data = (uint8_t *) src0->data;
+        gemv_il_relayout_tiles_cuda(type, data, k, n / GEMV_IL_TILE_ROWS, /*to_plain =*/ true, ctx.stream());
+        upstream(ctx, &w, src1, dst);
+        gemv_il_relayout_tiles_cuda(type, data, k, n / GEMV_IL_TILE_ROWS, /*to_plain =*/ false, ctx.stream());
+        return;
+    }
+
     const ggml_type slab_type = src0->type == GGML_TYPE_PQ_W4A8 ? GGML_TYPE_Q8_0 : src0->type;
     const size_t row_bytes = ggml_row_size(slab_type, k);
     // whole tiles, and a multiple of the 128 rows of mmq's tile so that only the last slab may need its fallback
@@ -286,7 +295,6 @@ void ggml_cuda_mul_mat_gemv_il(ggml_backend_cuda_context & ctx, const ggml_tenso
         } else {
             gemv_il_plain_rows(src0, row0, rows, plain.get(), ctx.stream());
         }
-        ggml_tensor w = *src0; // in the same buffer, but the data is the slab's: not owned
         w.type  = slab_type;
         w.data  = plain.get();
         w.ne[1] = rows;

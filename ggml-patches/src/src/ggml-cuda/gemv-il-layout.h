@@ -187,6 +187,40 @@ GEMV_IL_HD int64_t gemv_il_meta_src_offset(int type, int64_t k, int c, int si) {
     return gemv_il_src_offset(type, k, c, gemv_il_meta_src(type, si));
 }
 
+// ---- whole tiles in place, in 2-byte units (gemv_il_relayout_tiles: a prefill gives upstream's kernels
+// ggml's layout and takes the interleaved one back) ----
+
+// Where halfword h of an interleaved chunk comes from: its byte in ggml's layout of the chunk's 16 row
+// parts, row r's part (chunk_row_bytes long) at r * chunk_row_bytes. A permutation of the chunk's bytes.
+GEMV_IL_HD int gemv_il_chunk_halfword_src(int type, int h) {
+    const int qh = gemv_il_quant_bytes(type)/2, ub = gemv_il_quant_unit_bytes(type);
+    const gemv_il_src s = h < qh ? gemv_il_quant_src(type, 2*h / ub) : gemv_il_meta_src(type, h - qh);
+    return s.row*gemv_il_chunk_row_bytes(type) + s.blk*gemv_il_block_bytes(type) + s.off + (h < qh ? 2*h % ub : 0);
+}
+
+// Entry of interleaved halfword h in the chunk map (chunk_bytes/2 ints) that gemv_il_relayout_src reads:
+// to ggml's layout (to_plain), the ggml halfword's interleaved halfword; else the interleaved halfword's
+// ggml byte in the tile, less its chunk's part of the row. row_bytes: a ggml row's.
+GEMV_IL_HD void gemv_il_relayout_map_entry(int type, int row_bytes, int h, bool to_plain, int * map) {
+    const int p = gemv_il_chunk_halfword_src(type, h), crb = gemv_il_chunk_row_bytes(type);
+    if (to_plain) {
+        map[p/2] = h;
+    } else {
+        map[h] = p / crb * row_bytes + p % crb;
+    }
+}
+
+// The byte of a full tile, as it is now, that byte b (even) of the tile in its other layout copies.
+GEMV_IL_HD int gemv_il_relayout_src(int type, int row_bytes, const int * map, int b, bool to_plain) {
+    const int cb = gemv_il_chunk_bytes(type), crb = gemv_il_chunk_row_bytes(type);
+    if (to_plain) {
+        const int row = b / row_bytes, rb = b - row*row_bytes, c = rb / crb;
+        return c*cb + 2*map[(row*crb + rb - c*crb)/2];
+    }
+    const int c = b / cb;
+    return map[(b - c*cb)/2] + c*crb;
+}
+
 // Quantized activations (written by the quantize kernel, read by the GEMV): 8 token rows, int8 per
 // 32-block with one float scale d = amax/127, q = round(x/d), and the float s = d * sum(q) (ggml's q8_1,
 // with d and s in fp32; s serves the Q4_K mins).

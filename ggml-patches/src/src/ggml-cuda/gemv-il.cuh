@@ -693,6 +693,76 @@ static void gemv_il_deinterleave_cuda(const int type, const uint8_t * src, uint8
     CUDA_CHECK(cudaGetLastError());
 }
 
+// Dynamic shared memory of gemv_il_relayout_tiles for tiles of k columns: the tile, then the chunk map.
+static size_t gemv_il_relayout_smem(const int type, const int64_t k) {
+    return gemv_il_tile_bytes(type, k) + gemv_il_chunk_bytes(type)/2*sizeof(int);
+}
+
+// Full tiles from the interleaved layout to ggml's (to_plain) or back, in place, for a prefill: CTA t stages
+// tile t in shared memory, then writes it in the other layout, 16 coalesced bytes a thread, each halfword
+// from gemv_il_relayout_src. No memory beyond the CTA's.
+template <int type, bool to_plain>
+static __global__ void __launch_bounds__(512)
+gemv_il_relayout_tiles(uint8_t * w, const int row_bytes) {
+    extern __shared__ __align__(16) uint8_t smem[];
+    const int tile_bytes = GEMV_IL_TILE_ROWS*row_bytes, units = tile_bytes/16;
+    uint4 * stage = (uint4 *) smem;
+    int * map = (int *) (smem + tile_bytes);
+    uint4 * tile = (uint4 *) (w + (int64_t) blockIdx.x*tile_bytes);
+    for (int h = threadIdx.x; h < gemv_il_chunk_bytes(type)/2; h += blockDim.x) {
+        gemv_il_relayout_map_entry(type, row_bytes, h, to_plain, map);
+    }
+    constexpr int IN_FLIGHT = 8; // loads a thread keeps in flight: the largest tiles run one CTA a SM
+    for (int i0 = threadIdx.x; i0 < units; i0 += IN_FLIGHT*blockDim.x) {
+        uint4 v[IN_FLIGHT];
+#pragma unroll
+        for (int j = 0; j < IN_FLIGHT; ++j) {
+            if (i0 + j*(int) blockDim.x < units) {
+                v[j] = tile[i0 + j*blockDim.x];
+            }
+        }
+#pragma unroll
+        for (int j = 0; j < IN_FLIGHT; ++j) {
+            if (i0 + j*(int) blockDim.x < units) {
+                stage[i0 + j*blockDim.x] = v[j];
+            }
+        }
+    }
+    __syncthreads();
+    const uint16_t * from = (const uint16_t *) smem;
+    for (int i = threadIdx.x; i < units; i += blockDim.x) {
+        union { uint4 v; uint16_t h[8]; } out;
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+            out.h[e] = from[gemv_il_relayout_src(type, row_bytes, map, 16*i + 2*e, to_plain)/2];
+        }
+        tile[i] = out.v;
+    }
+}
+
+// The first ntiles full tiles of w (k columns), in place; the caller checks gemv_il_relayout_smem against
+// the device's shared memory per block (smpbo). The first call on a device must not be inside a graph
+// capture of the global mode (it raises the kernels' shared memory limit).
+static void gemv_il_relayout_tiles_cuda(const int type, uint8_t * w, const int64_t k, const int64_t ntiles, const bool to_plain,
+                                        cudaStream_t stream) {
+    if (ntiles == 0) {
+        return;
+    }
+    const size_t smem = gemv_il_relayout_smem(type, k), smpbo = ggml_cuda_info().devices[ggml_cuda_get_device()].smpbo;
+    gemv_il_dispatch(type, [&](auto t) {
+        constexpr int T = decltype(t)::value;
+        const int row_bytes = (int) gemv_il_row_bytes(T, k);
+        if (to_plain) {
+            CUDA_SET_SHARED_MEMORY_LIMIT((gemv_il_relayout_tiles<T, true>), smpbo);
+            gemv_il_relayout_tiles<T, true><<<(unsigned) ntiles, 512, smem, stream>>>(w, row_bytes);
+        } else {
+            CUDA_SET_SHARED_MEMORY_LIMIT((gemv_il_relayout_tiles<T, false>), smpbo);
+            gemv_il_relayout_tiles<T, false><<<(unsigned) ntiles, 512, smem, stream>>>(w, row_bytes);
+        }
+    });
+    CUDA_CHECK(cudaGetLastError());
+}
+
 // W4A8 rows -> Q8_0 rows at dst, for a prefill (upstream has no W4A8 kernel): the blocks of
 // gemv_il_w4a8_q8_0, d in fp16. CTA (tile, group of G chunks), as the de-interleave: a full tile's
 // chunks (interleaved) or the partial last tile's rows (ggml's layout) are gathered in shared memory,
