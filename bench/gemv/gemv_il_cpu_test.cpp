@@ -274,10 +274,13 @@ int main() {
                 const std::vector<uint8_t> & from = to_plain ? il : w;
                 bool in_range = true;
                 for (int64_t t = 0; t < n / 16; ++t) {
-                    for (int b = 0; b < tb; b += 2) {
-                        const int s = gemv_il_relayout_src(type, row_bytes, map.data(), b, to_plain);
-                        in_range = in_range && s >= 0 && s + 1 < tb;
-                        if (in_range) memcpy(moved_tiles.data() + t*tb + b, from.data() + t*tb + s, 2);
+                    for (int i = 0; i < tb/16; ++i) {
+                        int src[8];
+                        gemv_il_relayout_unit_src(type, row_bytes, map.data(), i, to_plain, src);
+                        for (int e = 0; e < 8; ++e) {
+                            in_range = in_range && src[e] >= 0 && src[e] + 1 < tb;
+                            if (in_range) memcpy(moved_tiles.data() + t*tb + 16*i + 2*e, from.data() + t*tb + src[e], 2);
+                        }
                     }
                 }
                 const std::vector<uint8_t> & want = to_plain ? w : il;

@@ -198,7 +198,7 @@ GEMV_IL_HD int gemv_il_chunk_halfword_src(int type, int h) {
     return s.row*gemv_il_chunk_row_bytes(type) + s.blk*gemv_il_block_bytes(type) + s.off + (h < qh ? 2*h % ub : 0);
 }
 
-// Entry of interleaved halfword h in the chunk map (chunk_bytes/2 ints) that gemv_il_relayout_src reads:
+// Entry of interleaved halfword h in the chunk map (chunk_bytes/2 ints) that gemv_il_relayout_unit_src reads:
 // to ggml's layout (to_plain), the ggml halfword's interleaved halfword; else the interleaved halfword's
 // ggml byte in the tile, less its chunk's part of the row. row_bytes: a ggml row's.
 GEMV_IL_HD void gemv_il_relayout_map_entry(int type, int row_bytes, int h, bool to_plain, int * map) {
@@ -210,15 +210,26 @@ GEMV_IL_HD void gemv_il_relayout_map_entry(int type, int row_bytes, int h, bool 
     }
 }
 
-// The byte of a full tile, as it is now, that byte b (even) of the tile in its other layout copies.
-GEMV_IL_HD int gemv_il_relayout_src(int type, int row_bytes, const int * map, int b, bool to_plain) {
+// The bytes of a full tile, as it is now, that the 8 halfwords of its 16-byte unit i in the other layout
+// copy. One division by row_bytes a unit (the rest divide by constants): the kernel's inner loop.
+GEMV_IL_HD void gemv_il_relayout_unit_src(int type, int row_bytes, const int * map, int i, bool to_plain, int src[8]) {
     const int cb = gemv_il_chunk_bytes(type), crb = gemv_il_chunk_row_bytes(type);
     if (to_plain) {
-        const int row = b / row_bytes, rb = b - row*row_bytes, c = rb / crb;
-        return c*cb + 2*map[(row*crb + rb - c*crb)/2];
+        int row = 16*i / row_bytes, rb = 16*i - row*row_bytes;
+        for (int e = 0; e < 8; ++e, rb += 2) {
+            if (rb == row_bytes) {
+                ++row;
+                rb = 0;
+            }
+            const int c = rb / crb;
+            src[e] = c*cb + 2*map[(row*crb + rb - c*crb)/2];
+        }
+    } else {
+        const int c = 16*i / cb, h = (16*i - c*cb)/2; // cb = 16 crb: a unit lies in one chunk
+        for (int e = 0; e < 8; ++e) {
+            src[e] = map[h + e] + c*crb;
+        }
     }
-    const int c = b / cb;
-    return map[(b - c*cb)/2] + c*crb;
 }
 
 // Quantized activations (written by the quantize kernel, read by the GEMV): 8 token rows, int8 per

@@ -699,8 +699,8 @@ static size_t gemv_il_relayout_smem(const int type, const int64_t k) {
 }
 
 // Full tiles from the interleaved layout to ggml's (to_plain) or back, in place, for a prefill: CTA t stages
-// tile t in shared memory, then writes it in the other layout, 16 coalesced bytes a thread, each halfword
-// from gemv_il_relayout_src. No memory beyond the CTA's.
+// tile t in shared memory, then writes it in the other layout, 16 coalesced bytes a thread, their halfwords
+// from gemv_il_relayout_unit_src. No memory beyond the CTA's.
 template <int type, bool to_plain>
 static __global__ void __launch_bounds__(512)
 gemv_il_relayout_tiles(uint8_t * w, const int row_bytes) {
@@ -731,10 +731,12 @@ gemv_il_relayout_tiles(uint8_t * w, const int row_bytes) {
     __syncthreads();
     const uint16_t * from = (const uint16_t *) smem;
     for (int i = threadIdx.x; i < units; i += blockDim.x) {
+        int src[8];
+        gemv_il_relayout_unit_src(type, row_bytes, map, i, to_plain, src);
         union { uint4 v; uint16_t h[8]; } out;
 #pragma unroll
         for (int e = 0; e < 8; ++e) {
-            out.h[e] = from[gemv_il_relayout_src(type, row_bytes, map, 16*i + 2*e, to_plain)/2];
+            out.h[e] = from[src[e]/2];
         }
         tile[i] = out.v;
     }
