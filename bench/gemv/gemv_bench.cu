@@ -241,26 +241,32 @@ static void run_shape(int type, const shape & sh, uint64_t seed, cudaStream_t st
     std::vector<float> x((size_t) GEMV_IL_MAX_TOKENS*k);
     ref_fill_activations(k, x.data(), seed ^ 0xABCDEFull);
 
-    // the prefill's in-place tile moves (gemv_il_relayout_tiles) vs the host re-layout, and back
+    // the prefill's in-place tile moves (gemv_il_relayout_tiles) vs the host re-layout, and back, where a
+    // tile fits in a CTA's shared memory (else the host's re-layout is uploaded, as set_tensor does)
     dev_buf d_w(wbytes), d_il(wbytes);
-    const int64_t ntiles = n / GEMV_IL_TILE_ROWS;
-    GGML_ASSERT(gemv_il_relayout_smem(type, k) <= g_prop.sharedMemPerBlockOptin); // every shape here
+    const int64_t ntiles = n / GEMV_IL_TILE_ROWS, tb = gemv_il_tile_bytes(type, k);
+    const bool in_place = gemv_il_relayout_smem(type, k) <= g_prop.sharedMemPerBlockOptin;
+    std::vector<uint8_t> il_host = w;
+    ref_parallel_for(ntiles, [&](int64_t t) { gemv_il_relayout_tile(type, k, w.data() + t*tb, il_host.data() + t*tb, false); });
     CUDA_CHECK(cudaMemcpyAsync(d_w.p, w.data(), wbytes, cudaMemcpyHostToDevice, st));
-    CUDA_CHECK(cudaMemcpyAsync(d_il.p, d_w.p, wbytes, cudaMemcpyDeviceToDevice, st));
-    gemv_il_relayout_tiles_cuda(type, d_il.as<uint8_t>(), k, ntiles, false, st);
     {
-        std::vector<uint8_t> il_host = w, il_dev(wbytes);
-        const int64_t tb = gemv_il_tile_bytes(type, k);
-        ref_parallel_for(ntiles, [&](int64_t t) { gemv_il_relayout_tile(type, k, w.data() + t*tb, il_host.data() + t*tb, false); });
-        CUDA_CHECK(cudaMemcpyAsync(il_dev.data(), d_il.p, wbytes, cudaMemcpyDeviceToHost, st));
-        CUDA_CHECK(cudaStreamSynchronize(st));
-        report(il_dev == il_host, "%s k=%d n=%d: device re-layout in place (tile in shared memory) equals the host re-layout", tn, k, n);
+        std::vector<uint8_t> il_dev(wbytes);
         dev_buf d_back(wbytes);
-        CUDA_CHECK(cudaMemcpyAsync(d_back.p, d_il.p, wbytes, cudaMemcpyDeviceToDevice, st));
-        gemv_il_relayout_tiles_cuda(type, d_back.as<uint8_t>(), k, ntiles, true, st);
-        CUDA_CHECK(cudaMemcpyAsync(il_dev.data(), d_back.p, wbytes, cudaMemcpyDeviceToHost, st));
-        CUDA_CHECK(cudaStreamSynchronize(st));
-        report(il_dev == w, "%s k=%d n=%d: device inverse re-layout in place gives the ggml bytes back", tn, k, n);
+        if (in_place) {
+            CUDA_CHECK(cudaMemcpyAsync(d_il.p, d_w.p, wbytes, cudaMemcpyDeviceToDevice, st));
+            gemv_il_relayout_tiles_cuda(type, d_il.as<uint8_t>(), k, ntiles, false, st);
+            CUDA_CHECK(cudaMemcpyAsync(il_dev.data(), d_il.p, wbytes, cudaMemcpyDeviceToHost, st));
+            CUDA_CHECK(cudaStreamSynchronize(st));
+            report(il_dev == il_host, "%s k=%d n=%d: device re-layout in place (tile in shared memory) equals the host re-layout", tn, k, n);
+            CUDA_CHECK(cudaMemcpyAsync(d_back.p, d_il.p, wbytes, cudaMemcpyDeviceToDevice, st));
+            gemv_il_relayout_tiles_cuda(type, d_back.as<uint8_t>(), k, ntiles, true, st);
+            CUDA_CHECK(cudaMemcpyAsync(il_dev.data(), d_back.p, wbytes, cudaMemcpyDeviceToHost, st));
+            CUDA_CHECK(cudaStreamSynchronize(st));
+            report(il_dev == w, "%s k=%d n=%d: device inverse re-layout in place gives the ggml bytes back", tn, k, n);
+        } else {
+            CUDA_CHECK(cudaMemcpyAsync(d_il.p, il_host.data(), wbytes, cudaMemcpyHostToDevice, st));
+            printf("skip %s k=%d n=%d: a tile (%lld bytes) exceeds a CTA's shared memory: no in-place moves\n", tn, k, n, (long long) tb);
+        }
 
         // the prefill path's out-of-place de-interleave (full tiles; the partial tile is copied raw)
         const int64_t il_bytes = ntiles*tb;
@@ -273,8 +279,10 @@ static void run_shape(int type, const shape & sh, uint64_t seed, cudaStream_t st
         if (ntiles > 0 && il_bytes >= (64 << 20)) {
             const double us = time_graph(st, 4, [&](int) { gemv_il_deinterleave_cuda(type, d_il.as<uint8_t>(), d_back.as<uint8_t>(), k, ntiles, st); });
             printf("     de-interleave %s k=%d n=%d: %.1f us, %.0f GB/s read + written\n", tn, k, n, us, 2e-3*il_bytes/us);
-            const double us2 = time_graph(st, 2, [&](int i) { gemv_il_relayout_tiles_cuda(type, d_il.as<uint8_t>(), k, ntiles, i == 0, st); });
-            printf("     in place to ggml's layout and back %s k=%d n=%d: %.1f us a move, %.0f GB/s read + written\n", tn, k, n, us2, 2e-3*il_bytes/us2);
+            if (in_place) {
+                const double us2 = time_graph(st, 2, [&](int i) { gemv_il_relayout_tiles_cuda(type, d_il.as<uint8_t>(), k, ntiles, i == 0, st); });
+                printf("     in place to ggml's layout and back %s k=%d n=%d: %.1f us a move, %.0f GB/s read + written\n", tn, k, n, us2, 2e-3*il_bytes/us2);
+            }
         }
     }
 
@@ -478,6 +486,8 @@ static void run_token(int type, const token_shape & sh, double ceil_gbs, cudaStr
         });
         const double gb = seq.back().at*1e-9*(1.0 + 34.0/19.0);  // W4A8 read (19 bytes / 32 weights), Q8_0 written (34)
         printf("W4A8 -> Q8_0 expansion of the %zu layer weights: %.1f us, %.0f GB/s read + written\n", seq.size() - 1, us, gb*1e6/us);
+    } else if (gemv_il_relayout_smem(type, sh.ffn) > g_prop.sharedMemPerBlockOptin) { // the widest k
+        printf("%s prefill moves: a tile of k = %d exceeds a CTA's shared memory, no in-place moves\n", type_name(type), sh.ffn);
     } else { // a prefill's moves of the layer weights: in place to ggml's layout and back, or copies de-interleaved
         size_t copy = 0;
         for (size_t i = 0; i + 1 < seq.size(); ++i) copy = std::max(copy, (size_t) seq[i].n*gemv_il_row_bytes(type, seq[i].k));

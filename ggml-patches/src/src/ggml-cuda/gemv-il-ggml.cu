@@ -270,7 +270,8 @@ void ggml_cuda_mul_mat_gemv_il(ggml_backend_cuda_context & ctx, const ggml_tenso
         return;
     }
 
-    // the weight as a view: upstream's path, not this one (ggml_cuda_gemv_il_owns)
+    // the weight as a view: upstream's path, not this one (ggml_cuda_gemv_il_owns). Moved in place, it is in
+    // ggml's layout only between two launches on this stream, where every product by it runs.
     ggml_tensor w = *src0;
     w.view_src = const_cast<ggml_tensor *>(src0);
     const int type = gemv_il_type(src0->type);
