@@ -13,8 +13,9 @@ bool ggml_cuda_gemv_il_owns(const ggml_tensor * src0);
 using ggml_cuda_mul_mat_fn = void (*)(ggml_backend_cuda_context & ctx, const ggml_tensor * src0, const ggml_tensor * src1, ggml_tensor * dst);
 
 // dst = src0 x src1 for an owned src0: up to 24 token rows of src1 on the GEMV, 8 per launch; a
-// prefill-sized src1 goes to `upstream` slab by slab, each slab of src0's rows de-interleaved into one
-// pool buffer of at most PYQWEN_GEMV_SLAB_MIB (16 MiB), so a prefill holds no whole copy of any weight.
+// prefill-sized src1 goes to `upstream` with src0 moved to ggml's layout in place and back, or where a
+// tile exceeds a CTA's shared memory (and for W4A8, expanded to Q8_0) slab by slab through one pool
+// buffer of at most PYQWEN_GEMV_SLAB_MIB (16 MiB), so a prefill holds no whole copy of any weight.
 void ggml_cuda_mul_mat_gemv_il(ggml_backend_cuda_context & ctx, const ggml_tensor * src0, const ggml_tensor * src1, ggml_tensor * dst,
                                ggml_cuda_mul_mat_fn upstream);
 

@@ -191,11 +191,12 @@ GEMV_IL_HD int64_t gemv_il_meta_src_offset(int type, int64_t k, int c, int si) {
 // ggml's layout and takes the interleaved one back) ----
 
 // Where halfword h of an interleaved chunk comes from: its byte in ggml's layout of the chunk's 16 row
-// parts, row r's part (chunk_row_bytes long) at r * chunk_row_bytes. A permutation of the chunk's bytes.
+// parts, row r's part (chunk_row_bytes long) at r * chunk_row_bytes, i.e. in a tile one chunk wide.
+// A permutation of the chunk's bytes.
 GEMV_IL_HD int gemv_il_chunk_halfword_src(int type, int h) {
     const int qh = gemv_il_quant_bytes(type)/2, ub = gemv_il_quant_unit_bytes(type);
     const gemv_il_src s = h < qh ? gemv_il_quant_src(type, 2*h / ub) : gemv_il_meta_src(type, h - qh);
-    return s.row*gemv_il_chunk_row_bytes(type) + s.blk*gemv_il_block_bytes(type) + s.off + (h < qh ? 2*h % ub : 0);
+    return (int) gemv_il_src_offset(type, GEMV_IL_CHUNK_K, 0, s) + (h < qh ? 2*h % ub : 0);
 }
 
 // Entry of interleaved halfword h in the chunk map (chunk_bytes/2 ints) that gemv_il_relayout_unit_src reads:

@@ -819,8 +819,9 @@ gemv_il_w4a8_to_q8_0(const uint8_t * src, uint8_t * dst, const int8_t * const * 
 }
 
 // Warps per CTA: the largest split whose CTAs all fit on the GPU at once (one wave, no tail), else 4
-// (the output projection has thousands of tiles; on the H200, 4 is within 4% of the best split for
-// every type there). nsm: multiprocessors; ctas_per_sm(nwarps): occupancy.
+// (the output projection has thousands of tiles; on the H200, 4 is the best split there for Q4_0 and
+// 2-8% off it for Q4_K, bench/RESULTS.md, ninth session). nsm: multiprocessors; ctas_per_sm(nwarps):
+// occupancy.
 template <typename F>
 static int gemv_il_pick_nwarps(const int64_t n, const int64_t k, const int nsm, F ctas_per_sm) {
     const int64_t ntiles  = (n + GEMV_IL_TILE_ROWS - 1) / GEMV_IL_TILE_ROWS;
