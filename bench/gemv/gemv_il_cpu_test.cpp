@@ -264,8 +264,8 @@ int main() {
             printf("%s relayout round trip k=%d n=%d: %s\n", names[type], k, n, rt ? "ok" : "FAILED");
             rt ? ++passed : ++failed;
 
-            // the device's in-place tile moves (gemv_il_relayout_tiles) by their index math, both ways,
-            // against the host re-layout; the map starts poisoned, so an entry it misses fails
+            // the device's in-place tile moves (gemv_il_relayout_tiles) by their index math and padded
+            // staging, both ways, against the host re-layout; the map starts poisoned, so an entry it misses fails
             for (const bool to_plain : {false, true}) {
                 const int row_bytes = (int) gemv_il_row_bytes(type, k), tb = (int) gemv_il_tile_bytes(type, k);
                 std::vector<int> map(gemv_il_chunk_bytes(type)/2, 1 << 30);
@@ -273,13 +273,15 @@ int main() {
                 std::vector<uint8_t> moved_tiles(wbytes, 0xAA);
                 const std::vector<uint8_t> & from = to_plain ? il : w;
                 bool in_range = true;
+                std::vector<uint8_t> stage(gemv_il_stage_bytes(tb));
                 for (int64_t t = 0; t < n / 16; ++t) {
+                    for (int i = 0; i < tb/16; ++i) memcpy(stage.data() + gemv_il_stage_offset(16*i), from.data() + t*tb + 16*i, 16);
                     for (int i = 0; i < tb/16; ++i) {
                         int src[8];
                         gemv_il_relayout_unit_src(type, row_bytes, map.data(), i, to_plain, src);
                         for (int e = 0; e < 8; ++e) {
                             in_range = in_range && src[e] >= 0 && src[e] + 1 < tb;
-                            if (in_range) memcpy(moved_tiles.data() + t*tb + 16*i + 2*e, from.data() + t*tb + src[e], 2);
+                            if (in_range) memcpy(moved_tiles.data() + t*tb + 16*i + 2*e, stage.data() + gemv_il_stage_offset(src[e]), 2);
                         }
                     }
                 }

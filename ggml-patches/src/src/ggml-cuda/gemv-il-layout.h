@@ -211,6 +211,16 @@ GEMV_IL_HD void gemv_il_relayout_map_entry(int type, int row_bytes, int h, bool 
     }
 }
 
+// Where byte o of a tile sits in the kernel's shared-memory copy of it: 16 bytes of padding after every
+// 512. The gathers of a warp would otherwise hit a few banks many times: sources 512 bytes apart (the
+// same lane's words in successive warp loads) or a ggml row apart (a multiple of 128 bytes) share a bank.
+GEMV_IL_HD int gemv_il_stage_offset(int o) {
+    return o + (o >> 9 << 4);
+}
+GEMV_IL_HD int gemv_il_stage_bytes(int tile_bytes) {
+    return gemv_il_stage_offset(tile_bytes - 1) + 1;
+}
+
 // The bytes of a full tile, as it is now, that the 8 halfwords of its 16-byte unit i in the other layout
 // copy. One division by row_bytes a unit (the rest divide by constants): the kernel's inner loop.
 GEMV_IL_HD void gemv_il_relayout_unit_src(int type, int row_bytes, const int * map, int i, bool to_plain, int src[8]) {

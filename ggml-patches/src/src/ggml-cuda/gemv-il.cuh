@@ -693,9 +693,10 @@ static void gemv_il_deinterleave_cuda(const int type, const uint8_t * src, uint8
     CUDA_CHECK(cudaGetLastError());
 }
 
-// Dynamic shared memory of gemv_il_relayout_tiles for tiles of k columns: the tile, then the chunk map.
+// Dynamic shared memory of gemv_il_relayout_tiles for tiles of k columns: the padded tile, then the chunk
+// map (16-byte aligned: the tile is whole 16-byte units).
 static size_t gemv_il_relayout_smem(const int type, const int64_t k) {
-    return gemv_il_tile_bytes(type, k) + gemv_il_chunk_bytes(type)/2*sizeof(int);
+    return gemv_il_stage_bytes((int) gemv_il_tile_bytes(type, k)) + gemv_il_chunk_bytes(type)/2*sizeof(int);
 }
 
 // Full tiles from the interleaved layout to ggml's (to_plain) or back, in place, for a prefill: CTA t stages
@@ -706,8 +707,7 @@ static __global__ void __launch_bounds__(512)
 gemv_il_relayout_tiles(uint8_t * w, const int row_bytes) {
     extern __shared__ __align__(16) uint8_t smem[];
     const int tile_bytes = GEMV_IL_TILE_ROWS*row_bytes, units = tile_bytes/16;
-    uint4 * stage = (uint4 *) smem;
-    int * map = (int *) (smem + tile_bytes);
+    int * map = (int *) (smem + gemv_il_stage_bytes(tile_bytes));
     uint4 * tile = (uint4 *) (w + (int64_t) blockIdx.x*tile_bytes);
     for (int h = threadIdx.x; h < gemv_il_chunk_bytes(type)/2; h += blockDim.x) {
         gemv_il_relayout_map_entry(type, row_bytes, h, to_plain, map);
@@ -724,7 +724,7 @@ gemv_il_relayout_tiles(uint8_t * w, const int row_bytes) {
 #pragma unroll
         for (int j = 0; j < IN_FLIGHT; ++j) {
             if (i0 + j*(int) blockDim.x < units) {
-                stage[i0 + j*blockDim.x] = v[j];
+                *(uint4 *) (smem + gemv_il_stage_offset(16*(i0 + j*blockDim.x))) = v[j];
             }
         }
     }
@@ -736,7 +736,7 @@ gemv_il_relayout_tiles(uint8_t * w, const int row_bytes) {
         union { uint4 v; uint16_t h[8]; } out;
 #pragma unroll
         for (int e = 0; e < 8; ++e) {
-            out.h[e] = from[src[e]/2];
+            out.h[e] = from[gemv_il_stage_offset(src[e])/2];
         }
         tile[i] = out.v;
     }
