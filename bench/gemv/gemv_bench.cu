@@ -439,7 +439,8 @@ static const token_shape token_shapes[] = {
 // far beyond the L2). The bytes are not a real layout: the kernels' time does not depend on them. What a
 // token's GEMVs cost against the read ceiling, launch gaps and tails included (the census of
 // bench/census.py has the same kernels inside the model); GGML_CUDA_PDL=0 in the environment turns
-// programmatic dependent launch off (pyqwen keeps it on for these kernels).
+// programmatic dependent launch off (pyqwen keeps it on for these kernels), GEMV_TOKEN_QUANT=0 the
+// quantization launches.
 static void run_token(int type, const token_shape & sh, double ceil_gbs, cudaStream_t st) {
     struct gemv { int type, k, n; size_t at; };
     std::vector<gemv> seq;
@@ -464,13 +465,20 @@ static void run_token(int type, const token_shape & sh, double ceil_gbs, cudaStr
     for (const gemv & g : seq) nwarps.push_back(pick_nwarps(g.type, g.n, g.k));
     if (type == GEMV_IL_W4A8) device_w4a8_luts();  // made before the capture, which cannot allocate
     const char * pdl = getenv("GGML_CUDA_PDL");
-    printf("\n| %s %s token, PDL %s | M | us per token | GEMV launches | GB | TB/s | %% of read |\n|---|---|---|---|---|---|---|\n",
-           sh.name, type_name(type), pdl && atoi(pdl) == 0 ? "off" : "on");
+    // GEMV_TOKEN_QUANT=0: the GEMVs alone, on codes quantized once before the graph: what the 129
+    // quantization launches on the critical path cost, the most an in-GEMV quantization could save
+    const char * quant_env = getenv("GEMV_TOKEN_QUANT");
+    const bool quant = !quant_env || atoi(quant_env) != 0;
+    launch_quantize(x.as<float>(), kmax, GEMV_IL_MAX_TOKENS, xq.as<uint8_t>(), xs.as<float>(), st);
+    printf("\n| %s %s token, PDL %s%s | M | us per token | GEMV launches | GB | TB/s | %% of read |\n|---|---|---|---|---|---|---|\n",
+           sh.name, type_name(type), pdl && atoi(pdl) == 0 ? "off" : "on", quant ? "" : ", no quantization");
     for (int m : {1, 8}) {
         const double us = time_graph(st, 1, [&](int) {
             for (size_t i = 0; i < seq.size(); ++i) {
                 const gemv & g = seq[i];
-                launch_quantize(x.as<float>(), g.k, m, xq.as<uint8_t>(), xs.as<float>(), st);
+                if (quant) {
+                    launch_quantize(x.as<float>(), g.k, m, xq.as<uint8_t>(), xs.as<float>(), st);
+                }
                 launch_gemv(g.type, gemv_il_stages(g.type), w.as<uint8_t>() + g.at, xq.as<uint8_t>(), xs.as<float>(), y.as<float>(),
                             g.n, g.k, m, nwarps[i], st);
             }
