@@ -47,6 +47,23 @@ def e4m3_values(b: np.ndarray) -> np.ndarray:
     return torch.from_numpy(np.ascontiguousarray(b, dtype=np.uint8)).view(torch.float8_e4m3fn).to(torch.float32).numpy()
 
 
+# pyqwen's GGML_TYPE_PQ_W4A8 block (ggml-patches/0003, include/ggml-pyqwen.h), transcribed here rather
+# than imported from the converter
+W4A8_BLOCK = np.dtype([("d", "<f4"), ("cb", "<u4"), ("sr", "u1", (16,)), ("qs", "u1", (128,))])
+
+
+def w4a8_decode(b: np.ndarray, codebook) -> np.ndarray:
+    """float32 decode of [rows, blocks] PQ_W4A8 blocks per the type's definition (include/ggml-pyqwen.h);
+    codebook None: the uniform code (code - 8)."""
+    n, nb = b.shape
+    codes = np.empty((n, nb, 256), dtype=np.uint8)
+    codes[..., 0::2], codes[..., 1::2] = b["qs"] & 15, b["qs"] >> 4
+    levels = np.asarray(codebook, np.float32) if codebook is not None else np.arange(-8, 8, dtype=np.float32)
+    s = np.repeat(e4m3_values(b["sr"]), 16, axis=-1)
+    L = np.clip(np.round((levels[codes] * s).astype(np.float32)), -127, 127)
+    return (L * b["d"][..., None]).reshape(n, nb * 256).astype(np.float32)
+
+
 def lloyd_max(x: np.ndarray, levels: int = 16, iters: int = 25) -> np.ndarray:
     x = x.reshape(-1).astype(np.float32)
     cb = np.quantile(x, np.linspace(0, 1, levels)).astype(np.float32)

@@ -21,7 +21,8 @@ import numpy as np
 import pytest
 import torch
 
-from comfy_checkpoints import dequantize, e4m3_values, hadamard, make_comfy, rotate, w4a8_grid, w4a8_rotated
+from comfy_checkpoints import (W4A8_BLOCK, dequantize, hadamard, make_comfy, rotate, w4a8_decode, w4a8_grid,
+                               w4a8_rotated)
 from pyqwen import Llama
 from pyqwen._cffi import ffi, lib
 from pyqwen.convert import ConversionError, convert
@@ -35,7 +36,6 @@ PQ_W4A8 = 100
 # (test_parity); pq_w4a8 weights stay 4-bit in the interleaved GEMV there (PYQWEN_GEMV=upstream: Q8_0,
 # pq_w4a8_to_q8_0), the rotation stays on the CPU
 F32_BOUND = 6e-2 if ON_GPU else 1e-4
-BLOCK = np.dtype([("d", "<f4"), ("cb", "<u4"), ("sr", "u1", (16,)), ("qs", "u1", (128,))])
 Q8_0 = np.dtype([("d", "<f2"), ("qs", "i1", (32,))])
 T = gguf.GGMLQuantizationType
 
@@ -78,7 +78,7 @@ def test_hadamard_op_rejects_bad_length():
 
 
 def random_blocks(rng, n_rows: int, k: int, *, nan_at=None) -> np.ndarray:
-    b = np.zeros((n_rows, k // 256), dtype=BLOCK)
+    b = np.zeros((n_rows, k // 256), dtype=W4A8_BLOCK)
     b["d"] = rng.uniform(1e-3, 3e-2, (n_rows, 1)).astype(np.float32)  # one scale per row
     finite = np.array([s for s in range(256) if (s & 0x7F) != 0x7F], dtype=np.uint8)
     b["sr"] = rng.choice(finite, size=b["sr"].shape)
@@ -87,17 +87,6 @@ def random_blocks(rng, n_rows: int, k: int, *, nan_at=None) -> np.ndarray:
     if nan_at is not None:
         b["sr"][nan_at] = 0x7F
     return b
-
-
-def reference_decode(b: np.ndarray, codebook) -> np.ndarray:
-    """float32 decode of blocks per the type's definition (include/ggml-pyqwen.h)."""
-    n, nb = b.shape
-    codes = np.empty((n, nb, 256), dtype=np.uint8)
-    codes[..., 0::2], codes[..., 1::2] = b["qs"] & 15, b["qs"] >> 4
-    levels = np.asarray(codebook, np.float32) if codebook is not None else np.arange(-8, 8, dtype=np.float32)
-    s = np.repeat(e4m3_values(b["sr"]), 16, axis=-1)
-    L = np.clip(np.round((levels[codes] * s).astype(np.float32)), -127, 127)
-    return (L * b["d"][..., None]).reshape(n, nb * 256).astype(np.float32)
 
 
 def attach(b: np.ndarray, codebook) -> np.ndarray:
@@ -114,7 +103,7 @@ def pq_dequantize(b: np.ndarray) -> np.ndarray:
 
 
 def test_w4a8_type_layout():
-    assert BLOCK.itemsize == 152
+    assert W4A8_BLOCK.itemsize == 152
     assert lib.pq_type_row_size(PQ_W4A8, 512) == 2 * 152
     assert lib.pq_type_row_size(PQ_W4A8, 100) == -1  # rows are whole 256-column blocks
     assert lib.pq_quantize(PQ_W4A8, ffi.NULL, ffi.NULL, 1, 256) == -1  # only made by the converter
@@ -126,7 +115,7 @@ def test_w4a8_dequantize_exact(with_codebook):
     rng = np.random.default_rng(1 + with_codebook)
     codebook = np.sort(rng.normal(0, 0.6, 16)).astype(np.float32) if with_codebook else None
     b = attach(random_blocks(rng, 9, 768), codebook)
-    got, ref = pq_dequantize(b), reference_decode(b, codebook)
+    got, ref = pq_dequantize(b), w4a8_decode(b, codebook)
     assert np.isfinite(got).all()
     assert np.array_equal(got, ref)
 
@@ -139,7 +128,7 @@ def test_w4a8_codebooks_are_per_tensor():
     assert len(set(ids)) == 3 and 0 not in ids
     assert int(attach(blocks[0], cbs[0])["cb"][0, 0]) == ids[0]  # an equal table shares its id
     for b, cb in zip(blocks, cbs):
-        assert np.array_equal(pq_dequantize(b), reference_decode(b, cb))
+        assert np.array_equal(pq_dequantize(b), w4a8_decode(b, cb))
 
 
 def test_w4a8_bad_codebook_and_nan_scale():
@@ -169,7 +158,7 @@ def test_w4a8_as_q8_0(with_codebook):
     assert lib.pq_w4a8_to_q8_0(ffi.from_buffer(b), ffi.from_buffer(q8), b.size * 256) == 0, err()
     got = np.full(b.size * 256, -1.0, dtype=np.float32)
     assert lib.pq_dequantize(int(T.Q8_0), ffi.from_buffer(q8), ffi.from_buffer("float[]", got), got.size) == 0, err()
-    got, ref = got.reshape(5, 512), reference_decode(b, codebook)
+    got, ref = got.reshape(5, 512), w4a8_decode(b, codebook)
     ratio = (b["d"].astype(np.float16).astype(np.float32) / b["d"])[:, 0, None]
     nan = np.zeros_like(got, dtype=bool)
     nan[3, 256 + 64:256 + 96] = True  # scale group 5 of block 1 is columns 80..95: its Q8_0 block 64..95
@@ -200,7 +189,7 @@ def test_w4a8_mul_mat(rotated):
     n, k = 67, 1024
     codebook = np.sort(rng.normal(0, 0.5, 16)).astype(np.float32)
     b = attach(random_blocks(rng, n, k), codebook)
-    w = reference_decode(b, codebook).astype(np.float64)
+    w = w4a8_decode(b, codebook).astype(np.float64)
     x = rng.normal(0, 1, (5, k)).astype(np.float32)
     ref = (rotate(x, 256) if rotated else x.astype(np.float64)) @ w.T
     got = mul_mat(PQ_W4A8, b, n, k, x, 256 if rotated else 0)
@@ -344,7 +333,7 @@ def check_tensors(reader: Reader, comfy_dir, cfg: dict, n_layer: int, expect: di
         rotated = f"pyqwen.hadamard.{gname}" in reader.fields
         if kind == "pq_w4a8":
             assert qtype == PQ_W4A8, gname
-            b = data.view(BLOCK).reshape(shape[0], -1)
+            b = data.view(W4A8_BLOCK).reshape(shape[0], -1)
             g = fmtcfg["group_size"]
             assert np.array_equal(b["qs"].reshape(shape[0], -1), pick(parts["weight"].view(np.uint8))), gname
             assert np.array_equal(b["sr"].reshape(shape[0], -1), pick(np.repeat(parts["weight_s_rel"], g // 16, axis=1)))
@@ -484,12 +473,12 @@ def decoded_copy(reader: Reader, out, *, keep_rotation: bool, keep_marker: bool,
         if qtype == PQ_W4A8 and not decode:
             # codebook ids 0, as a file read by another process has them (the converter's are of
             # this process); gguf-py does not know the type: its bytes, shape and id as they are
-            b = data.view(BLOCK).copy()
+            b = data.view(W4A8_BLOCK).copy()
             b["cb"] = 0
             w.add_tensor(name, b.view(np.int8), raw_shape=shape, raw_dtype=PQ_W4A8)
         elif qtype == PQ_W4A8:
             key = f"pyqwen.w4a8.codebook.{name}"
-            b = attach(data.view(BLOCK).reshape(shape[0], -1), reader.fields[key].contents() if key in reader.fields else None)
+            b = attach(data.view(W4A8_BLOCK).reshape(shape[0], -1), reader.fields[key].contents() if key in reader.fields else None)
             w.add_tensor(name, pq_dequantize(b))
         elif qtype in (T.F32, T.F16):
             w.add_tensor(name, data.view(np.float32 if qtype == T.F32 else np.float16).reshape(shape))

@@ -27,6 +27,7 @@ from pyqwen import Llama
 from pyqwen._native import NativeContext, NativeModel
 from pyqwen.gguf_header import read_header
 from pyqwen.synth import SHAPES, TYPES, main, plan, random_codes
+from comfy_checkpoints import W4A8_BLOCK, w4a8_decode
 from device import TEST_NGL
 
 V = 248320
@@ -106,7 +107,6 @@ def expected_type(name: str, wtype: str, tied: bool, q6k_blocks: set[int]) -> st
 
 
 PQ_W4A8 = 100  # ggml-patches/0003: 152-byte blocks of 256 values
-W4A8_BLOCK = np.dtype([("d", "<f4"), ("cb", "<u4"), ("sr", "u1", (16,)), ("qs", "u1", (128,))])
 
 
 def type_name(ggml_type: int) -> str:
@@ -116,17 +116,6 @@ def type_name(ggml_type: int) -> str:
 def nbytes(ne, qtype: str) -> int:
     block, size = (256, W4A8_BLOCK.itemsize) if qtype == "PQ_W4A8" else gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[qtype]]
     return int(np.prod(ne[1:], dtype=np.int64)) * (ne[0] // block) * size
-
-
-def dequantize_w4a8(raw: np.ndarray, n_rows: int) -> np.ndarray:
-    """PQ_W4A8 blocks with the uniform codebook (code - 8) and e4m3 scale bytes of normal numbers."""
-    b = raw.view(W4A8_BLOCK)
-    assert (b["cb"] == 0).all()
-    sr = b["sr"].astype(np.int64)
-    scale = np.ldexp(1 + (sr & 7) / 8, ((sr >> 3) & 15) - 7) * np.where(sr & 0x80, -1, 1)
-    codes = np.stack([b["qs"] & 15, b["qs"] >> 4], axis=-1).reshape(len(b), 256).astype(np.float64) - 8
-    v = np.rint(codes * np.repeat(scale, 16, axis=1)) * b["d"][:, None]
-    return v.reshape(n_rows, -1)
 
 
 # --- values ------------------------------------------------------------------------------------
@@ -140,7 +129,9 @@ def test_random_codes_have_the_requested_std(qtype, n_cols):
     if qtype == "F16":
         w = raw.view(np.float16).astype(np.float32).reshape(48, n_cols)
     elif qtype == "PQ_W4A8":
-        w = dequantize_w4a8(raw, 48)
+        b = raw.view(W4A8_BLOCK).reshape(48, -1)
+        assert (b["cb"] == 0).all()
+        w = w4a8_decode(b, None)
     else:
         w = gguf.quants.dequantize(raw.reshape(48, -1), gguf.GGMLQuantizationType[qtype])
     assert w.shape == (48, n_cols)
