@@ -313,9 +313,10 @@ int main() {
                 gemv_il_relayout_inplace_host(type, n, k, iln.data(), tmp.data(), false);
                 bool q8 = true;
                 for (int64_t row = 0; row < n / 16 * 16; ++row) {
+                    const uint8_t * ggml_row = wn.data() + row*gemv_il_row_bytes(type, k);
                     for (int c = 0; c < k / GEMV_IL_CHUNK_K; ++c) {
                         const uint8_t * chunk = iln.data() + row/16*gemv_il_tile_bytes(type, k) + (int64_t) c*gemv_il_chunk_bytes(type);
-                        const uint8_t * blk = wn.data() + row*gemv_il_row_bytes(type, k) + (int64_t) c*gemv_il_block_bytes(type);
+                        const uint8_t * blk = ggml_row + (int64_t) c*gemv_il_block_bytes(type);
                         for (int j = 0; j < 8; ++j) {
                             float d;
                             uint32_t words[8];
@@ -323,14 +324,14 @@ int main() {
                             gemv_il_w4a8_q8_0([&](int off) { return chunk[gemv_il_w4a8_il_offset((int) (row % 16), off)]; },
                                               ref_w4a8_levels(), j, d, words);
                             memcpy(qs, words, 32);
-                            const uint8_t s0 = blk[GEMV_IL_W4A8_SR + 2*j], s1 = blk[GEMV_IL_W4A8_SR + 2*j + 1];
-                            const bool nan = std::isnan(ref_e4m3_to_float(s0)) || std::isnan(ref_e4m3_to_float(s1));
-                            float dref;
-                            memcpy(&dref, blk, 4);
-                            q8 = q8 && (nan ? std::isnan(d) : d == dref);
+                            const bool nan = std::isnan(ref_e4m3_to_float(blk[GEMV_IL_W4A8_SR + 2*j])) ||
+                                             std::isnan(ref_e4m3_to_float(blk[GEMV_IL_W4A8_SR + 2*j + 1]));
+                            int v[32];
+                            double dref, unused;
+                            ref_decode32(type, ggml_row, (int64_t) c*8 + j, v, dref, unused);
+                            q8 = q8 && (nan ? std::isnan(d) : d == (float) dref);
                             for (int i = 0; i < 32; ++i) {
-                                const int code = (blk[GEMV_IL_W4A8_QS + 16*j + i/2] >> (4*(i & 1))) & 15;
-                                q8 = q8 && qs[i] == (nan ? 0 : ref_w4a8_levels()[16*(i < 16 ? s0 : s1) + code]);
+                                q8 = q8 && qs[i] == (nan ? 0 : v[i]);
                             }
                         }
                     }
