@@ -41,7 +41,8 @@ CMAKE_FLAGS = [
 ]
 
 
-def _prepare_ggml():
+def load_prepare_ggml():
+    """vendor/prepare_ggml.py as a module (it is a script, not part of the package)."""
     spec = importlib.util.spec_from_file_location("prepare_ggml", ROOT / "vendor" / "prepare_ggml.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
@@ -56,7 +57,7 @@ def _run(cmd: list[str], cwd: Path | None = None) -> None:
 
 def build_upstream(cache: Path | None = None) -> Path:
     """Build (or reuse) libllama from the pinned sdist and the driver; returns the driver's path."""
-    pg = _prepare_ggml()
+    pg = load_prepare_ggml()
     pin = pg.read_pin()
     cache = Path(cache or os.environ.get("PYQWEN_UPSTREAM_CACHE") or Path.home() / ".cache" / "pyqwen")
     top = cache / f"llama.cpp-{pin['sha256'][:16]}"

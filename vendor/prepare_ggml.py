@@ -5,12 +5,14 @@ The source is the llama-cpp-python sdist named in vendor/ggml.pin. It is found w
 from $PYQWEN_GGML_SDIST for offline builds), checked against the pinned sha256, and only its ggml
 subtree is extracted. Patches are applied in file-name order; the tree records which patch set it
 carries, so re-running is a no-op, and a changed patch set re-extracts a pristine tree first.
-A patch that does not apply stops with its name.
+A patch that does not apply stops with its name, and so does one whose hunk headers miscount their
+lines (GNU patch would silently drop the hunks that follow such a header).
 """
 from __future__ import annotations
 
 import hashlib
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -149,12 +151,42 @@ def extract_upstream(dest: Path, tools: tuple[str, ...] = ("llama-bench",)) -> N
     extract(verified_sdist(pin), root, dest, keep)
 
 
+HUNK_HEADER = re.compile(r"@@ -\d+(?:,(\d+))? \+\d+(?:,(\d+))? @@")
+
+
+def check_hunk_counts(patch: Path) -> None:
+    """Every hunk holds the old and new line counts its header states: a hand-edited patch whose
+    header undercounts ends its hunk early, and patch(1) then skips the rest of the file's hunks
+    without an error."""
+    lines = patch.read_text().splitlines()
+    i = 0
+    while i < len(lines):
+        header, at = HUNK_HEADER.match(lines[i]), i + 1
+        i += 1
+        if not header:
+            continue
+        want = tuple(int(n) if n is not None else 1 for n in header.groups())
+        old = new = 0
+        while i < len(lines) and (old, new) != want:
+            kind = lines[i][:1]
+            if kind not in (" ", "", "-", "+", "\\"):  # "\ No newline at end of file"
+                break
+            old += kind in (" ", "", "-")
+            new += kind in (" ", "", "+")
+            i += 1
+        overrun = i < len(lines) and lines[i][:1] in (" ", "-", "+") and not lines[i].startswith(("--- ", "+++ "))
+        if (old, new) != want or overrun:
+            raise PrepareError(f"ggml patch {patch.name}: the hunk at line {at} ({header.group(0)}) does not hold "
+                               f"the lines its header counts; fix the header")
+
+
 def apply_patches(dest: Path) -> None:
     for src in new_source_files():
         target = dest / src.relative_to(PATCHES / "src")
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(src, target)
     for patch in patch_files():
+        check_hunk_counts(patch)
         proc = subprocess.run(["patch", "-p1", "--forward", "--batch", "--no-backup-if-mismatch", "-d", str(dest), "-i", str(patch)],
                               capture_output=True, text=True)
         if proc.returncode != 0:
