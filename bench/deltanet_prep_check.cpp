@@ -3,6 +3,9 @@
 // stacked projection output (strided rows, as pyqwen's graph passes them), the output is poisoned
 // with NaN before the run, and the conv state it advances in place must come back bit for bit.
 // Shapes: the 9B model's (16 k heads, 32 v heads of 128), a tiny test model's, one between and an odd one.
+// Then the whole DeltaNet step as pyqwen's graph builds it (prep, ggml_gated_delta_net, the new state copied
+// back), which the CUDA backend runs as one kernel for heads of 128 and up to 8 tokens: outputs, recurrent
+// state and conv state against the CPU backend.
 // Built and run by bench/cuda_ops_check.sh; exit code non-zero on any failure.
 #include "ggml.h"
 #include "ggml-alloc.h"
@@ -62,6 +65,74 @@ static prep_result run_prep(ggml_backend_t backend, const prep_shape & s, int n,
     return r;
 }
 
+struct step_result {
+    std::vector<float> attn, state, conv;
+};
+
+// The whole step as pyqwen's graph builds a decode or verify pass (pq-graph.c): the prep, then
+// ggml_gated_delta_net over views of its output, and the new state copied back onto the old. The CUDA
+// backend runs it as one kernel where it can (heads of 128, up to 8 tokens), else as the two ops.
+static step_result run_step(ggml_backend_t backend, const prep_shape & s, int n, const std::vector<float> & y,
+                            const std::vector<float> & conv, const std::vector<float> & w, const std::vector<float> & bias,
+                            const std::vector<float> & a, const std::vector<float> & state) {
+    const int64_t C = (int64_t) (2*s.hk + s.hv)*s.S, W = C + (int64_t) s.hv*s.S + 2*s.hv, D = (int64_t) s.S*s.S*s.hv;
+    ggml_init_params ip = { 32*ggml_tensor_overhead() + ggml_graph_overhead(), nullptr, true };
+    ggml_context * ctx = ggml_init(ip);
+    ggml_tensor * Y  = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, W, n);
+    ggml_tensor * cs = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, s.k1, C);
+    ggml_tensor * cw = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, s.k1 + 1, C);
+    ggml_tensor * db = ggml_new_tensor_1d(ctx, GGML_TYPE_F32, s.hv);
+    ggml_tensor * A  = ggml_new_tensor_1d(ctx, GGML_TYPE_F32, s.hv);
+    ggml_tensor * ST = ggml_new_tensor_4d(ctx, GGML_TYPE_F32, s.S, s.S, s.hv, 1);
+    const size_t es = sizeof(float);
+    ggml_tensor * qkv   = ggml_view_2d(ctx, Y, C, n, Y->nb[1], 0);
+    ggml_tensor * beta  = ggml_view_2d(ctx, Y, s.hv, n, Y->nb[1], (C + (int64_t) s.hv*s.S)*es);
+    ggml_tensor * alpha = ggml_view_2d(ctx, Y, s.hv, n, Y->nb[1], (C + (int64_t) s.hv*s.S + s.hv)*es);
+    ggml_tensor * P = ggml_pyqwen_deltanet_prep(ctx, qkv, beta, alpha, cs, cw, db, A, s.hk, 1e-6f);
+    ggml_tensor * q = ggml_view_4d(ctx, P, s.S, s.hk, n, 1, s.S*es, C*es, C*n*es, 0);
+    ggml_tensor * k = ggml_view_4d(ctx, P, s.S, s.hk, n, 1, s.S*es, C*es, C*n*es, (size_t) s.S*s.hk*es);
+    ggml_tensor * v = ggml_view_4d(ctx, P, s.S, s.hv, n, 1, s.S*es, C*es, C*n*es, (size_t) 2*s.S*s.hk*es);
+    ggml_tensor * g = ggml_view_1d(ctx, P, (int64_t) s.hv*n, C*n*es);
+    ggml_tensor * b = ggml_view_1d(ctx, P, (int64_t) s.hv*n, (C + s.hv)*n*es);
+    ggml_tensor * out = ggml_gated_delta_net(ctx, q, k, v, ggml_reshape_4d(ctx, g, 1, s.hv, n, 1),
+                                             ggml_reshape_4d(ctx, b, 1, s.hv, n, 1), ST, 1);
+    ggml_tensor * attn = ggml_view_3d(ctx, out, s.S, s.hv, n, s.S*es, (size_t) s.S*s.hv*es, 0);
+    ggml_cgraph * gf = ggml_new_graph(ctx);
+    ggml_build_forward_expand(gf, ggml_cpy(ctx, ggml_view_1d(ctx, out, D, (size_t) s.S*s.hv*n*es),
+                                           ggml_view_3d(ctx, ST, D, 1, 1, D*es, D*es, 0)));
+    ggml_build_forward_expand(gf, attn);
+    ggml_backend_buffer_t buf = ggml_backend_alloc_ctx_tensors(ctx, backend);
+    ggml_backend_tensor_set(Y, y.data(), 0, y.size()*es);
+    ggml_backend_tensor_set(cs, conv.data(), 0, conv.size()*es);
+    ggml_backend_tensor_set(cw, w.data(), 0, w.size()*es);
+    ggml_backend_tensor_set(db, bias.data(), 0, bias.size()*es);
+    ggml_backend_tensor_set(A, a.data(), 0, a.size()*es);
+    ggml_backend_tensor_set(ST, state.data(), 0, state.size()*es);
+    const std::vector<float> poison(ggml_nelements(out), NAN);
+    ggml_backend_tensor_set(out, poison.data(), 0, poison.size()*es);
+    ggml_backend_graph_compute(backend, gf);
+    step_result r;
+    r.attn.resize((size_t) s.S*s.hv*n);
+    r.state.resize(state.size());
+    r.conv.resize(conv.size());
+    ggml_backend_tensor_get(out, r.attn.data(), 0, r.attn.size()*es);
+    ggml_backend_tensor_get(ST, r.state.data(), 0, r.state.size()*es);
+    ggml_backend_tensor_get(cs, r.conv.data(), 0, r.conv.size()*es);
+    ggml_backend_buffer_free(buf);
+    ggml_free(ctx);
+    return r;
+}
+
+// max |a - b| / (|b| + floor) over the values, and whether a is all finite
+static double max_rel(const std::vector<float> & a, const std::vector<float> & b, double floor, bool & finite) {
+    double err = 0;
+    for (size_t i = 0; i < a.size(); ++i) {
+        finite = finite && std::isfinite(a[i]);
+        err = std::fmax(err, std::fabs((double) a[i] - b[i])/(std::fabs((double) b[i]) + floor));
+    }
+    return err;
+}
+
 int main() {
     ggml_backend_t cpu = ggml_backend_cpu_init(), gpu = ggml_backend_cuda_init(0);
     if (!gpu) { fprintf(stderr, "no CUDA device\n"); return 2; }
@@ -96,6 +167,34 @@ int main() {
             (ok ? passed : failed)++;
             printf("hk=%2d hv=%2d S=%3d k1=%d n=%2d  max rel err vs CPU %.2e  conv state %s  %s\n", s.hk, s.hv, s.S, s.k1, n, err,
                    same_state ? "same bits" : "DIFFERENT", ok ? "ok" : "FAIL");
+        }
+    }
+    // the whole step; the first three shapes take the CUDA step kernel up to 8 tokens (v heads sharing a k
+    // head: 2, 1, 4), the last two the two ops, as does every pass of 9 tokens
+    const prep_shape step_shapes[] = { {16, 32, 128, 3}, {2, 2, 128, 3}, {1, 4, 128, 5}, {2, 6, 64, 3}, {3, 5, 40, 5} };
+    for (const prep_shape & s : step_shapes) {
+        const int64_t C = (int64_t) (2*s.hk + s.hv)*s.S, W = C + (int64_t) s.hv*s.S + 2*s.hv;
+        for (int n : {1, 2, 3, 8, 9}) {
+            const auto randn = [&](size_t count, float scale) {
+                std::vector<float> v(count);
+                for (float & x : v) x = scale*nd(rng);
+                return v;
+            };
+            const std::vector<float> y = randn((size_t) W*n, 1.0f), conv = randn((size_t) s.k1*C, 1.0f);
+            const std::vector<float> w = randn((size_t) (s.k1 + 1)*C, 0.5f), bias = randn(s.hv, 1.0f);
+            const std::vector<float> state = randn((size_t) s.S*s.S*s.hv, 0.1f);
+            std::vector<float> a = randn(s.hv, 1.0f);
+            for (float & x : a) x = -std::exp(x);
+            const step_result g = run_step(gpu, s, n, y, conv, w, bias, a, state);
+            const step_result c = run_step(cpu, s, n, y, conv, w, bias, a, state);
+            bool finite = true;
+            const double e_attn = max_rel(g.attn, c.attn, 1e-2, finite), e_state = max_rel(g.state, c.state, 1e-2, finite);
+            const bool same_conv = g.conv == c.conv;
+            // float sums in other orders (a column's 128 rows over 8 threads; ggml's over a warp)
+            const bool ok = finite && same_conv && e_attn < 1e-4 && e_state < 1e-4;
+            (ok ? passed : failed)++;
+            printf("step hk=%2d hv=%2d S=%3d k1=%d n=%2d  max rel err vs CPU: outputs %.2e, state %.2e  conv state %s  %s\n",
+                   s.hk, s.hv, s.S, s.k1, n, e_attn, e_state, same_conv ? "same bits" : "DIFFERENT", ok ? "ok" : "FAIL");
         }
     }
     printf("%d passed, %d failed\n", passed, failed);

@@ -9,6 +9,10 @@
 #include "pyqwen-deltanet.cuh"
 #include "ggml-pyqwen.h"
 #include "pyqwen-deltanet-step.h"
+#include "ggml-impl.h"
+
+#include <map>
+#include <mutex>
 
 #define PQD_GROUP    8
 #define PQD_MAX_K1   (GGML_PYQWEN_DELTANET_PREP_CUDA_MAX_K - 1) // Qwen3.5 and Qwen3-Next: 3
@@ -130,6 +134,142 @@ pyqwen_deltanet_prep_kernel(
     }
 }
 
+// The whole DeltaNet step of a decode or verify pass in one kernel: the prep above, then
+// ggml_gated_delta_net's recurrence (scalar decay, one sequence, no snapshots), whose new state goes back
+// in place. CTA (v, c) takes state columns [32c, 32c + 32) of v head v; thread t holds 16 rows of column
+// t/8. It convolves and L2-normalizes the q and k channels of its k head (v % hk, ggml_gated_delta_net's
+// head broadcast), a thread a channel, and the conv of its 32 v channels, whose state is its alone. Every
+// CTA of a k head reads that head's q/k conv state, so the last of them to get there stores the new one
+// (arrivals[kh], which wraps back to 0 for the next launch). Saves the prep's launch and the round trip of
+// its output through memory.
+#define PQF_S    128 // the head size it takes (every Qwen3.x)
+#define PQF_COLS 32  // state columns a CTA
+#define PQF_ROWS 16  // state rows a thread: 8 threads a column
+
+template <int K1>
+static __global__ void __launch_bounds__(2*PQF_S)
+pyqwen_deltanet_step_kernel(
+        const float * qkv, const float * beta, const float * alpha, float * conv_state, const float * conv_w,
+        const float * bias, const float * a, float * state, float * attn, unsigned int * arrivals,
+        const int64_t sq, const int64_t sb, const int64_t sa, const int n, const int hk, const int hv,
+        const float eps, const float scale) {
+    const int v = blockIdx.x, col0 = blockIdx.y*PQF_COLS, t = threadIdx.x;
+    const int kh = v % hk, lane = t % WARP_SIZE, warp = t / WARP_SIZE;
+    const bool is_k = t >= PQF_S, has_v = t < PQF_COLS;
+    const int64_t ch  = (int64_t) (is_k ? hk + kh : kh)*PQF_S + t % PQF_S; // the thread's q or k channel
+    const int64_t chv = (int64_t) (2*hk + v)*PQF_S + col0 + t;              // and, has_v, its v channel
+
+    // the conv weights are constants: loaded while the previous kernel finishes
+    float w[K1 + 1], wv[K1 + 1];
+#pragma unroll
+    for (int j = 0; j <= K1; ++j) {
+        w[j]  = conv_w[ch*(K1 + 1) + j];
+        wv[j] = has_v ? conv_w[chv*(K1 + 1) + j] : 0.0f;
+    }
+    ggml_cuda_pdl_sync();
+    float st[K1], stv[K1];
+#pragma unroll
+    for (int j = 0; j < K1; ++j) {
+        st[j]  = conv_state[ch*K1 + j];
+        stv[j] = has_v ? conv_state[chv*K1 + j] : 0.0f;
+    }
+    // the state, stored transposed: row i of column c at (v*S + c)*S + i
+    const int col = t / (PQF_S/PQF_ROWS), r0 = t % (PQF_S/PQF_ROWS)*PQF_ROWS;
+    float4 * sp = (float4 *) (state + ((int64_t) v*PQF_S + col0 + col)*PQF_S + r0);
+    float s[PQF_ROWS];
+#pragma unroll
+    for (int i = 0; i < PQF_ROWS/4; ++i) {
+        const float4 f = sp[i];
+        s[4*i] = f.x; s[4*i + 1] = f.y; s[4*i + 2] = f.z; s[4*i + 3] = f.w;
+    }
+
+    __shared__ float qs[PQD_GROUP][PQF_S], ks[PQD_GROUP][PQF_S], vs[PQD_GROUP][PQF_COLS], gs[PQD_GROUP], bs[PQD_GROUP];
+    __shared__ float partial[PQD_GROUP][2*PQF_S/WARP_SIZE];
+    __shared__ bool last;
+    float y[PQD_GROUP];
+#pragma unroll
+    for (int j = 0; j < PQD_GROUP; ++j) {
+        if (j < n) { // uniform
+            y[j] = pqd_conv_silu(st, w, K1, qkv[j*sq + ch]);
+            if (has_v) {
+                vs[j][t] = pqd_conv_silu(stv, wv, K1, qkv[j*sq + chv]);
+            }
+            const float ss = warp_reduce_sum(y[j]*y[j]);
+            if (lane == 0) {
+                partial[j][warp] = ss;
+            }
+        }
+    }
+    if (t < n) {
+        gs[t] = expf(pqd_decay(alpha[t*sa + v], bias[v], a[v]));
+        bs[t] = pqd_sigmoid(beta[t*sb + v]);
+    }
+    __syncthreads();
+    const int w0 = is_k ? PQF_S/WARP_SIZE : 0; // the q or k channels' warps
+#pragma unroll
+    for (int j = 0; j < PQD_GROUP; ++j) {
+        if (j < n) {
+            float sum = 0.0f;
+#pragma unroll
+            for (int i = 0; i < PQF_S/WARP_SIZE; ++i) {
+                sum += partial[j][w0 + i];
+            }
+            (is_k ? ks : qs)[j][t % PQF_S] = y[j]*rsqrtf(sum + eps);
+        }
+    }
+    if (has_v) {
+#pragma unroll
+        for (int j = 0; j < K1; ++j) {
+            conv_state[chv*K1 + j] = stv[j];
+        }
+    }
+    __syncthreads(); // every thread has read its q/k conv state (and the tokens' q, k are in shared memory)
+    if (t == 0) {
+        const unsigned int readers = (unsigned int) (hv/hk*gridDim.y);
+        last = atomicInc(&arrivals[kh], readers - 1) == readers - 1;
+    }
+    __syncthreads();
+    if (last) {
+#pragma unroll
+        for (int j = 0; j < K1; ++j) {
+            conv_state[ch*K1 + j] = st[j];
+        }
+    }
+
+    // the recurrence, as ggml_gated_delta_net's: kv = S^T k, delta = (v - g kv) beta, S = g S + k delta^T,
+    // out = scale S^T q; a column's sums over its 8 threads
+    for (int tok = 0; tok < n; ++tok) {
+        const float g = gs[tok], b = bs[tok];
+        float kv = 0.0f;
+#pragma unroll
+        for (int i = 0; i < PQF_ROWS; ++i) {
+            kv += s[i]*ks[tok][r0 + i];
+        }
+#pragma unroll
+        for (int o = 1; o < PQF_S/PQF_ROWS; o <<= 1) {
+            kv += __shfl_xor_sync(0xFFFFFFFF, kv, o, WARP_SIZE);
+        }
+        const float delta = (vs[tok][col] - g*kv)*b;
+        float out = 0.0f;
+#pragma unroll
+        for (int i = 0; i < PQF_ROWS; ++i) {
+            s[i] = g*s[i] + ks[tok][r0 + i]*delta;
+            out += s[i]*qs[tok][r0 + i];
+        }
+#pragma unroll
+        for (int o = 1; o < PQF_S/PQF_ROWS; o <<= 1) {
+            out += __shfl_xor_sync(0xFFFFFFFF, out, o, WARP_SIZE);
+        }
+        if (t % (PQF_S/PQF_ROWS) == 0) {
+            attn[((int64_t) tok*hv + v)*PQF_S + col0 + col] = out*scale;
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < PQF_ROWS/4; ++i) {
+        sp[i] = make_float4(s[4*i], s[4*i + 1], s[4*i + 2], s[4*i + 3]);
+    }
+}
+
 static int pqd_head_size(const ggml_tensor * op) {
     const int hk = ggml_get_op_params_i32(op, 0);
     return (int) (op->src[0]->ne[0] / (2*hk + op->src[5]->ne[0]));
@@ -169,4 +309,97 @@ void ggml_cuda_op_pyqwen_deltanet_prep(ggml_backend_cuda_context & ctx, ggml_ten
             qkv->nb[1]/sizeof(float), beta->nb[1]/sizeof(float), alpha->nb[1]/sizeof(float), (int) qkv->ne[1], hk, hv, S, eps);
     });
     CUDA_CHECK(cudaGetLastError());
+}
+
+// The step kernel's arrival counters, a zeroed set per stream (k heads on one stream run one at a time,
+// and every launch leaves them at zero); made on first use, when a CUDA graph may be capturing (ggml
+// captures in relaxed mode, which allows the allocation; the zeroing is then part of that graph).
+static unsigned int * pqf_arrivals(cudaStream_t stream, const int hk) {
+    static std::mutex mutex;
+    static std::map<cudaStream_t, std::pair<unsigned int *, int>> sets;
+    std::lock_guard<std::mutex> lock(mutex);
+    std::pair<unsigned int *, int> & set = sets[stream];
+    if (set.second < hk) {
+        if (set.first) {
+            CUDA_CHECK(cudaStreamSynchronize(stream));
+            CUDA_CHECK(cudaFree(set.first));
+        }
+        set.second = std::max(hk, 64);
+        CUDA_CHECK(cudaMalloc(&set.first, set.second*sizeof(unsigned int)));
+        CUDA_CHECK(cudaMemsetAsync(set.first, 0, set.second*sizeof(unsigned int), stream));
+    }
+    return set.first;
+}
+
+// A view of `src` of ne[0..3] at offset `offs` bytes with rows nb1, nb2 apart (0: packed).
+static bool pqf_is_view(const ggml_tensor * t, const ggml_tensor * src, const size_t offs, const int64_t ne0, const int64_t ne1,
+                        const int64_t ne2, const size_t nb1, const size_t nb2) {
+    return t->view_src == src && t->view_offs == offs && t->type == GGML_TYPE_F32 && t->ne[0] == ne0 && t->ne[1] == ne1 &&
+           t->ne[2] == ne2 && t->ne[3] == 1 && t->nb[0] == sizeof(float) && (nb1 == 0 || (t->nb[1] == nb1 && t->nb[2] == nb2));
+}
+
+int ggml_cuda_pyqwen_deltanet_try_fuse(ggml_backend_cuda_context & ctx, const ggml_cgraph * cgraph, const int i) {
+    const ggml_tensor * prep = cgraph->nodes[i];
+    // read only through the five views the recurrence takes (nothing else may see its unwritten output)
+    if (prep->op != GGML_OP_PYQWEN_DELTANET_PREP || (prep->flags & GGML_TENSOR_FLAG_OUTPUT) || ggml_node_get_use_count(cgraph, i) != 5) {
+        return 0;
+    }
+    const ggml_tensor * qkv = prep->src[0], * beta = prep->src[1], * alpha = prep->src[2];
+    const int hk = ggml_get_op_params_i32(prep, 0), hv = (int) prep->src[5]->ne[0];
+    const int S = pqd_head_size(prep), k1 = (int) prep->src[3]->ne[0], n = (int) qkv->ne[1];
+    if (S != PQF_S || n > PQD_GROUP || hv % hk != 0 || k1 > PQD_MAX_K1) {
+        return 0;
+    }
+    // the recurrence: the next node that computes anything, over views of the prep's output
+    int i_gdn = i + 1;
+    while (i_gdn < cgraph->n_nodes && ggml_op_is_empty(cgraph->nodes[i_gdn]->op)) {
+        ++i_gdn;
+    }
+    if (i_gdn >= cgraph->n_nodes) {
+        return 0;
+    }
+    const ggml_tensor * gdn = cgraph->nodes[i_gdn];
+    const int64_t C = (int64_t) (2*hk + hv)*S;
+    const size_t es = sizeof(float);
+    // its output read through two views, the outputs and the new state (which only the CPY reads)
+    if (gdn->op != GGML_OP_GATED_DELTA_NET || ggml_get_op_params_i32(gdn, 0) != 1 || (gdn->flags & GGML_TENSOR_FLAG_OUTPUT) ||
+        ggml_node_get_use_count(cgraph, i_gdn) != 2 ||
+        !pqf_is_view(gdn->src[0], prep, 0,              S, hk, n, S*es, C*es) ||
+        !pqf_is_view(gdn->src[1], prep, S*hk*es,        S, hk, n, S*es, C*es) ||
+        !pqf_is_view(gdn->src[2], prep, 2*S*hk*es,      S, hv, n, S*es, C*es) ||
+        !pqf_is_view(gdn->src[3], prep, C*n*es,         1, hv, n, 0, 0) || !ggml_is_contiguous(gdn->src[3]) ||
+        !pqf_is_view(gdn->src[4], prep, (C + hv)*n*es,  1, hv, n, 0, 0) || !ggml_is_contiguous(gdn->src[4])) {
+        return 0;
+    }
+    // the new state copied back onto the old: the next computing node, a CPY from the output's tail
+    const ggml_tensor * state = gdn->src[5];
+    int i_cpy = i_gdn + 1;
+    while (i_cpy < cgraph->n_nodes && ggml_op_is_empty(cgraph->nodes[i_cpy]->op)) {
+        ++i_cpy;
+    }
+    if (i_cpy >= cgraph->n_nodes) {
+        return 0;
+    }
+    const ggml_tensor * cpy = cgraph->nodes[i_cpy];
+    const int64_t D = (int64_t) S*S*hv;
+    if (cpy->op != GGML_OP_CPY || (cpy->flags & GGML_TENSOR_FLAG_OUTPUT) || state->type != GGML_TYPE_F32 ||
+        !ggml_is_contiguous(state) || ggml_nelements(state) != D ||
+        cpy->src[0]->view_src != gdn || cpy->src[0]->view_offs != (size_t) S*hv*n*es || ggml_nelements(cpy->src[0]) != D ||
+        !ggml_is_contiguous(cpy->src[0]) || cpy->src[1]->data != state->data || cpy->src[1]->type != GGML_TYPE_F32 ||
+        !ggml_is_contiguous(cpy->src[1]) || ggml_nelements(cpy->src[1]) != D) {
+        return 0;
+    }
+    const float eps = ggml_get_op_params_f32(prep, 1);
+    unsigned int * arrivals = pqf_arrivals(ctx.stream(), hk);
+    pqd_dispatch_k1(k1, [&](auto K1) {
+        ggml_cuda_kernel_launch(pyqwen_deltanet_step_kernel<decltype(K1)::value>,
+            ggml_cuda_kernel_launch_params(dim3(hv, S/PQF_COLS), dim3(2*S), 0, ctx.stream()),
+            (const float *) qkv->data, (const float *) beta->data, (const float *) alpha->data,
+            (float *) prep->src[3]->data, (const float *) prep->src[4]->data, (const float *) prep->src[5]->data,
+            (const float *) prep->src[6]->data, (float *) state->data, (float *) gdn->data, arrivals,
+            (int64_t) (qkv->nb[1]/sizeof(float)), (int64_t) (beta->nb[1]/sizeof(float)), (int64_t) (alpha->nb[1]/sizeof(float)),
+            n, hk, hv, eps, 1.0f/sqrtf((float) S));
+    });
+    CUDA_CHECK(cudaGetLastError());
+    return i_cpy - i;
 }
