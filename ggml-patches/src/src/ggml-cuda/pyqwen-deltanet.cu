@@ -10,9 +10,7 @@
 #include "ggml-pyqwen.h"
 #include "pyqwen-deltanet-step.h"
 #include "ggml-impl.h"
-
-#include <map>
-#include <mutex>
+#include "pyqwen-arrivals.cuh"
 
 #define PQD_GROUP    8
 #define PQD_MAX_K1   (GGML_PYQWEN_DELTANET_PREP_CUDA_MAX_K - 1) // Qwen3.5 and Qwen3-Next: 3
@@ -311,26 +309,6 @@ void ggml_cuda_op_pyqwen_deltanet_prep(ggml_backend_cuda_context & ctx, ggml_ten
     CUDA_CHECK(cudaGetLastError());
 }
 
-// The step kernel's arrival counters, a zeroed set per stream (k heads on one stream run one at a time,
-// and every launch leaves them at zero); made on first use, when a CUDA graph may be capturing (ggml
-// captures in relaxed mode, which allows the allocation; the zeroing is then part of that graph).
-static unsigned int * pqf_arrivals(cudaStream_t stream, const int hk) {
-    static std::mutex mutex;
-    static std::map<cudaStream_t, std::pair<unsigned int *, int>> sets;
-    std::lock_guard<std::mutex> lock(mutex);
-    std::pair<unsigned int *, int> & set = sets[stream];
-    if (set.second < hk) {
-        if (set.first) {
-            CUDA_CHECK(cudaStreamSynchronize(stream));
-            CUDA_CHECK(cudaFree(set.first));
-        }
-        set.second = std::max(hk, 64);
-        CUDA_CHECK(cudaMalloc(&set.first, set.second*sizeof(unsigned int)));
-        CUDA_CHECK(cudaMemsetAsync(set.first, 0, set.second*sizeof(unsigned int), stream));
-    }
-    return set.first;
-}
-
 // A view of `src` of ne[0..3] at offset `offs` bytes with rows nb1, nb2 apart (0: packed).
 static bool pqf_is_view(const ggml_tensor * t, const ggml_tensor * src, const size_t offs, const int64_t ne0, const int64_t ne1,
                         const int64_t ne2, const size_t nb1, const size_t nb2) {
@@ -390,7 +368,7 @@ int ggml_cuda_pyqwen_deltanet_try_fuse(ggml_backend_cuda_context & ctx, const gg
         return 0;
     }
     const float eps = ggml_get_op_params_f32(prep, 1);
-    unsigned int * arrivals = pqf_arrivals(ctx.stream(), hk);
+    unsigned int * arrivals = pyqwen_arrivals(ctx.stream(), hk);
     pqd_dispatch_k1(k1, [&](auto K1) {
         ggml_cuda_kernel_launch(pyqwen_deltanet_step_kernel<decltype(K1)::value>,
             ggml_cuda_kernel_launch_params(dim3(hv, S/PQF_COLS), dim3(2*S), 0, ctx.stream()),
