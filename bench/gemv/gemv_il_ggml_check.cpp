@@ -7,7 +7,8 @@
 // of it in the pool); the weight is read back after the product, so it must be interleaved again. Every weight is also uploaded in row pieces, as pyqwen's stacked projections are,
 // some starting inside the partial last tile. Some row counts add a residual to the product (ADD(R,
 // MUL_MAT), which the GEMV fuses into its output; the prefill path does not), some take RMS_NORM(x) * w
-// (the norm prologue of the activation quantization), and decode-sized ones also run as ARGMAX(MUL_MAT),
+// (the norm prologue of the activation quantization), some x * sigmoid(gate) with the gate gathered from
+// between query rows (attention's output gate prologue), and decode-sized ones also run as ARGMAX(MUL_MAT),
 // which the GEMV computes without writing the product. Chains of a residual product and the next
 // block's input norm and projection check the sums of squares the first leaves for the second. ggml's
 // CPU backend is printed alongside: its K-quant products round the activations per 256 values (Q8_K),
@@ -33,6 +34,10 @@
 // The ops around the product, as in a model's graph (each one the GEMV fuses on decode-sized rows).
 struct around {
     std::vector<float> norm;   // k floats: the product takes RMS_NORM(x) * norm (the input norms)
+    // m rows of 2k + 8 floats: the product takes x * sigmoid(gate), the gate of head h (head floats) at
+    // 2*head*h + head of its row, between the query rows (attention's output gate, CONT -> SIGMOID -> MUL)
+    std::vector<float> gate;
+    int                head = 0;
     std::vector<float> res;    // m x n floats: ADD(res, product) (the residual stream)
     bool               argmax = false; // ARGMAX over each token's products (greedy decoding)
     // the next block's input norm and projection over the result, which the GEMV feeds its sums of
@@ -57,7 +62,14 @@ static std::vector<float> mul_mat(ggml_backend_t backend, ggml_backend_buffer_ty
     ggml_tensor * R = a.res.empty() ? nullptr : ggml_new_tensor_2d(cx, GGML_TYPE_F32, n, m);
     ggml_tensor * W2 = a.w2 ? ggml_new_tensor_2d(cw, type, n, a.n2) : nullptr;
     ggml_tensor * N2 = a.w2 ? ggml_new_tensor_1d(cx, GGML_TYPE_F32, n) : nullptr;
-    ggml_tensor * Y = ggml_mul_mat(cx, W, N ? ggml_mul(cx, ggml_rms_norm(cx, X, NORM_EPS), N) : X);
+    ggml_tensor * G = a.gate.empty() ? nullptr : ggml_new_tensor_2d(cx, GGML_TYPE_F32, 2*k + 8, m);
+    ggml_tensor * in = N ? ggml_mul(cx, ggml_rms_norm(cx, X, NORM_EPS), N) : X;
+    if (G) {
+        const size_t es = sizeof(float);
+        ggml_tensor * gv = ggml_view_3d(cx, G, a.head, k/a.head, m, 2*a.head*es, G->nb[1], a.head*es);
+        in = ggml_mul(cx, X, ggml_sigmoid(cx, ggml_cont_2d(cx, gv, k, m)));
+    }
+    ggml_tensor * Y = ggml_mul_mat(cx, W, in);
     if (R) Y = ggml_add(cx, R, Y);
     if (a.argmax) Y = ggml_argmax(cx, Y);
     if (W2) Y = ggml_mul_mat(cx, W2, ggml_mul(cx, ggml_rms_norm(cx, Y, NORM_EPS), N2));
@@ -80,6 +92,7 @@ static std::vector<float> mul_mat(ggml_backend_t backend, ggml_backend_buffer_ty
     ggml_backend_tensor_set(X, x.data(), 0, x.size()*sizeof(float));
     if (N) ggml_backend_tensor_set(N, a.norm.data(), 0, a.norm.size()*sizeof(float));
     if (R) ggml_backend_tensor_set(R, a.res.data(), 0, a.res.size()*sizeof(float));
+    if (G) ggml_backend_tensor_set(G, a.gate.data(), 0, a.gate.size()*sizeof(float));
     ggml_cgraph * gf = ggml_new_graph(cx);
     ggml_build_forward_expand(gf, Y);
     for (int i = 0; i < ggml_graph_n_nodes(gf); ++i) {
@@ -103,7 +116,8 @@ static std::vector<float> mul_mat(ggml_backend_t backend, ggml_backend_buffer_ty
     return y;
 }
 
-// y[m, n] = W[n, :] . x'[m, :] (+ res) in float64, x' = x or its RMS norm times a.norm.
+// y[m, n] = W[n, :] . x'[m, :] (+ res) in float64, x' = x, its RMS norm times a.norm, or x times the
+// sigmoid of a.gate.
 static std::vector<double> exact_product(const std::vector<float> & w, const std::vector<float> & x, int k, int n, int m,
                                          const around & a) {
     std::vector<double> y((size_t) n*m), xt(k);
@@ -112,6 +126,10 @@ static std::vector<double> exact_product(const std::vector<float> & w, const std
         for (int i = 0; i < k; ++i) ss += (double) x[(size_t) t*k + i]*x[(size_t) t*k + i];
         const double scale = a.norm.empty() ? 1.0 : 1.0/std::sqrt(ss/k + NORM_EPS);
         for (int i = 0; i < k; ++i) xt[i] = x[(size_t) t*k + i]*scale*(a.norm.empty() ? 1.0 : a.norm[i]);
+        for (int i = 0; i < k && !a.gate.empty(); ++i) {
+            const double g = a.gate[(size_t) t*(2*k + 8) + (size_t) (i/a.head)*2*a.head + a.head + i % a.head];
+            xt[i] *= 1.0/(1.0 + std::exp(-g));
+        }
         for (int r = 0; r < n; ++r) {
             double acc = a.res.empty() ? 0.0 : a.res[(size_t) t*n + r];
             for (int i = 0; i < k; ++i) acc += (double) w[(size_t) r*k + i]*xt[i];
@@ -187,6 +205,8 @@ int main() {
                 // the residual epilogue in one, two and three GEMV launches and on the prefill path; the
                 // norm prologue in one and two launches, with and without the residual
                 const bool residual = m == 3 || m == 13 || m == 24 || m == 40, norm = m == 1 || m == 5 || m == 13;
+                // the output gate prologue, alone and with the residual, and unfused on the prefill path
+                const bool gate = (m == 2 || m == 3 || m == 8 || m == 40) && k <= 4096;
                 around a;
                 std::vector<float> x((size_t) k*m);
                 for (float & v : x) v = 4.0f*nd(rng);
@@ -197,6 +217,11 @@ int main() {
                 if (norm) {
                     a.norm.resize(k);
                     for (float & v : a.norm) v = 1.0f + 0.5f*nd(rng);
+                }
+                if (gate) {
+                    a.head = std::min(k, 128);
+                    a.gate.resize((size_t) (2*k + 8)*m);
+                    for (float & v : a.gate) v = 2.0f*nd(rng);
                 }
                 std::vector<uint8_t> back;
                 const std::vector<float> y  = mul_mat(gpu, ggml_backend_cuda_gemv_il_buffer_type(0), type, w, x, k, n, m, a, &back, pieces);
@@ -209,8 +234,9 @@ int main() {
                 // the same 8-bit activation rounding as upstream's mmvq / mmq: no more than 1.5x its error
                 const bool ok = finite && back == w && e <= 1.5*eu + 1e-6;
                 (ok ? passed : failed)++;
-                printf("%-5s k=%5d n=%5d m=%2d %-6s%s%s  rel_l2 vs exact: ours %.2e  upstream CUDA %.2e  CPU %.2e  get_tensor %s  %s\n",
-                       ggml_type_name(type), k, n, m, pieces ? "pieces" : "whole", norm ? " norm" : "     ", residual ? " +res" : "     ", e, eu, ec,
+                printf("%-5s k=%5d n=%5d m=%2d %-6s%s%s%s  rel_l2 vs exact: ours %.2e  upstream CUDA %.2e  CPU %.2e  get_tensor %s  %s\n",
+                       ggml_type_name(type), k, n, m, pieces ? "pieces" : "whole", norm ? " norm" : "     ", gate ? " gate" : "     ",
+                       residual ? " +res" : "     ", e, eu, ec,
                        back == w ? "same bytes" : "DIFFERENT BYTES", ok ? "ok" : "FAIL");
                 if (m <= 24 && !residual) {
                     // ARGMAX fused into the GEMV: the first row of each token's largest product of the same kernel

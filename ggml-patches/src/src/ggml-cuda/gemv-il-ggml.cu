@@ -155,10 +155,11 @@ static int gemv_il_nwarps(const int device, const int type, const int64_t n, con
 
 static decltype(&gemv_il_quantize<GEMV_IL_PLAIN>) gemv_il_quantize_kernel(const gemv_il_prologue prologue) {
     switch (prologue) {
-        case GEMV_IL_RMS_NORM:   return gemv_il_quantize<GEMV_IL_RMS_NORM>;
-        case GEMV_IL_SWIGLU:     return gemv_il_quantize<GEMV_IL_SWIGLU>;
-        case GEMV_IL_GATED_NORM: return gemv_il_quantize<GEMV_IL_GATED_NORM>;
-        default:                 return gemv_il_quantize<GEMV_IL_PLAIN>;
+        case GEMV_IL_RMS_NORM:     return gemv_il_quantize<GEMV_IL_RMS_NORM>;
+        case GEMV_IL_SWIGLU:       return gemv_il_quantize<GEMV_IL_SWIGLU>;
+        case GEMV_IL_GATED_NORM:   return gemv_il_quantize<GEMV_IL_GATED_NORM>;
+        case GEMV_IL_SIGMOID_GATE: return gemv_il_quantize<GEMV_IL_SIGMOID_GATE>;
+        default:                   return gemv_il_quantize<GEMV_IL_PLAIN>;
     }
 }
 
@@ -446,12 +447,55 @@ static int gemv_il_launch_fused(ggml_backend_cuda_context & ctx, const ggml_cgra
     return i_am >= 0 ? i_am : i_mm;
 }
 
+// The attention output gate at node i: [CONT of a view ->] SIGMOID -> MUL (x, the sigmoid) -> MUL_MAT,
+// as the gated attention builds it (pq-graph.c: the gate rows sit between the query rows of each head, and
+// the CONT gathers them): the quantization reads the gate where the projection left it, so neither the
+// CONT's copy nor the gated product is written. Returns the nodes computed after node i, or 0.
+static int gemv_il_sigmoid_gate(ggml_backend_cuda_context & ctx, const ggml_cgraph * cgraph, const int i) {
+    const ggml_tensor * node = cgraph->nodes[i];
+    const bool with_cont = node->op == GGML_OP_CONT;
+    const int i_sig = with_cont ? gemv_il_next_op(cgraph, i + 1) : i;
+    if (i_sig >= cgraph->n_nodes || (with_cont && !gemv_il_used_once(cgraph, i))) {
+        return 0;
+    }
+    const ggml_tensor * sig = cgraph->nodes[i_sig];
+    if (sig->op != GGML_OP_UNARY || ggml_get_unary_op(sig) != GGML_UNARY_OP_SIGMOID || (with_cont && sig->src[0] != node) ||
+        !gemv_il_used_once(cgraph, i_sig)) {
+        return 0;
+    }
+    const int i_mul = gemv_il_next_op(cgraph, i_sig + 1), i_mm = gemv_il_next_op(cgraph, i_mul + 1);
+    if (i_mm >= cgraph->n_nodes || !gemv_il_used_once(cgraph, i_mul)) {
+        return 0;
+    }
+    const ggml_tensor * mul = cgraph->nodes[i_mul], * mm = cgraph->nodes[i_mm];
+    if (mul->op != GGML_OP_MUL || (mul->src[0] == sig) == (mul->src[1] == sig) || mm->src[1] != mul) {
+        return 0;
+    }
+    const ggml_tensor * x = mul->src[0] == sig ? mul->src[1] : mul->src[0];
+    // the gate: [head, heads, m] with strided heads and rows (the CONT's source), or sig's own rows
+    const ggml_tensor * g = with_cont ? node->src[0] : sig->src[0];
+    const int64_t k = mm->src[0]->ne[0], head = with_cont ? g->ne[0] : k;
+    const bool gate_ok = g->type == GGML_TYPE_F32 && g->nb[0] == sizeof(float) && g->ne[3] == 1 &&
+                         (with_cont ? g->ne[0]*g->ne[1] == k && g->ne[2] == x->ne[1] && ggml_nelements(node) == ggml_nelements(g)
+                                    : g->ne[0] == k && g->ne[1] == x->ne[1] && g->ne[2] == 1);
+    if (!gate_ok || !ggml_are_same_shape(sig, x) || !ggml_are_same_shape(mul, x) || !gemv_il_fits(mm, x, k)) {
+        return 0;
+    }
+    gemv_il_prologue_args p;
+    p.z         = (const float *) g->data;
+    p.stride_z  = (with_cont ? g->nb[2] : g->nb[1])/sizeof(float);
+    p.stride_zh = with_cont ? g->nb[1]/sizeof(float) : 0;
+    p.head      = (int) head;
+    return gemv_il_launch_fused(ctx, cgraph, i_mm, (const float *) x->data, x->nb[1]/sizeof(float), x->ne[1], GEMV_IL_SIGMOID_GATE, p) - i;
+}
+
 // Prologue fusion. These node sequences, ending in a MUL_MAT by an interleaved weight with decode-sized
 // rows, become one quantization that computes the prologue and the GEMV; the intermediates are never
 // written:
 //   RMS_NORM -> MUL (row vector) -> MUL_MAT                            (the input norms)
 //   SWIGLU -> MUL_MAT                                                  (ffn_down)
 //   RMS_NORM (per head) -> MUL (head vector), SILU (z) -> MUL -> MUL_MAT (DeltaNet's gated norm, ssm_out)
+//   [CONT ->] SIGMOID (gate) -> MUL -> MUL_MAT                         (the attention output gate, wo)
 // Views and reshapes between them are no-ops on the GPU and are skipped with them. Each may end in an
 // epilogue fusion (residual ADD, ARGMAX), as may a plain MUL_MAT. Returns the nodes computed after node i.
 int ggml_cuda_gemv_il_try_fuse(ggml_backend_cuda_context & ctx, const ggml_cgraph * cgraph, const int i) {
@@ -514,6 +558,11 @@ int ggml_cuda_gemv_il_try_fuse(ggml_backend_cuda_context & ctx, const ggml_cgrap
         const ggml_tensor * mm = cgraph->nodes[i + 1], * x = node->src[0];
         if (mm->src[1] == node && gemv_il_fits(mm, x, 2*mm->src[0]->ne[0])) {
             return gemv_il_launch_fused(ctx, cgraph, i + 1, (const float *) x->data, x->nb[1]/sizeof(float), x->ne[1], GEMV_IL_SWIGLU, {}) - i;
+        }
+    }
+    if (node->op == GGML_OP_CONT || node->op == GGML_OP_UNARY) {
+        if (const int done = gemv_il_sigmoid_gate(ctx, cgraph, i)) {
+            return done;
         }
     }
     const ggml_tensor * res = nullptr;

@@ -434,21 +434,23 @@ gemv_il_mul_mat(const uint8_t * w, const int8_t * const * luts, const uint8_t * 
 // What the activation quantization computes from its input rows x before rounding, so that the
 // intermediate never reaches memory (the graph-level fusion is in gemv-il-ggml.cu):
 enum gemv_il_prologue {
-    GEMV_IL_PLAIN,      // x itself
-    GEMV_IL_RMS_NORM,   // x / sqrt(mean(x^2) + eps) * w (ggml's RMS_NORM then MUL by a row vector)
-    GEMV_IL_SWIGLU,     // silu(x[i]) * x[k + i]: x holds gate | up (ggml's single-input SWIGLU)
-    GEMV_IL_GATED_NORM, // RMS_NORM per run of `head` elements, times w[i % head], times silu(z[i])
+    GEMV_IL_PLAIN,        // x itself
+    GEMV_IL_RMS_NORM,     // x / sqrt(mean(x^2) + eps) * w (ggml's RMS_NORM then MUL by a row vector)
+    GEMV_IL_SWIGLU,       // silu(x[i]) * x[k + i]: x holds gate | up (ggml's single-input SWIGLU)
+    GEMV_IL_GATED_NORM,   // RMS_NORM per run of `head` elements, times w[i % head], times silu(z[i])
+    GEMV_IL_SIGMOID_GATE, // x[i] * sigmoid(z[i / head * stride_zh + i % head]) (the attention output gate)
 };
 
 // The prologue's other inputs (unused fields stay zero).
 struct gemv_il_prologue_args {
-    const float * w        = nullptr; // the norm's weight: k floats (RMS_NORM) or `head` (GATED_NORM)
-    float         eps      = 0.0f;
-    const float * z        = nullptr; // GATED_NORM: the gate, z[tok*stride_z + i]
-    int64_t       stride_z = 0;
-    int           head     = 0;       // GATED_NORM: elements per normalized run
-    const float * sums     = nullptr; // RMS_NORM: x's sums of squares by tile of 16, from the GEMV that wrote x
-    int           ntiles   = 0;       //   (gemv_il_epilogue::sums), sums[tok*ntiles + tile]
+    const float * w         = nullptr; // the norm's weight: k floats (RMS_NORM) or `head` (GATED_NORM)
+    float         eps       = 0.0f;
+    const float * z         = nullptr; // GATED_NORM: the gate, z[tok*stride_z + i]; SIGMOID_GATE: as above
+    int64_t       stride_z  = 0;
+    int64_t       stride_zh = 0;       // SIGMOID_GATE: floats from one head's gate to the next
+    int           head      = 0;       // GATED_NORM: elements per normalized run; SIGMOID_GATE: per head
+    const float * sums      = nullptr; // RMS_NORM: x's sums of squares by tile of 16, from the GEMV that wrote x
+    int           ntiles    = 0;       //   (gemv_il_epilogue::sums), sums[tok*ntiles + tile]
 };
 
 // sum(x[i]^2, i < n) over one warp (every lane gets it); n a multiple of 32. Rows 16-byte aligned with
@@ -592,6 +594,8 @@ gemv_il_quantize(const float * x, const int64_t stride_x, const int m, uint8_t *
             }
             const float g = p.z[tok*p.stride_z + e];
             v *= rsqrtf(ss/(float) p.head + p.eps)*p.w[e - h0]*(g/(1.0f + expf(-g)));
+        } else if constexpr (prologue == GEMV_IL_SIGMOID_GATE) {
+            v *= 1.0f/(1.0f + expf(-p.z[tok*p.stride_z + e / p.head * p.stride_zh + e % p.head]));
         }
     }
     const float amax = warp_reduce_max(fabsf(v));
