@@ -1,4 +1,4 @@
-// pyqwen_fattn_decode (ggml-patches/src/src/ggml-cuda/pyqwen-fattn-decode.cuh) on its own: against a float64
+// pyqwen_fattn_decode (ggml-patches/src/src/ggml-cuda/pyqwen-fattn-kernel.cuh) on its own: against a float64
 // reference of ggml's FLASH_ATTN_EXT (softmax(scale Q K^T + mask) V, query head j reading kv head j/G) on
 // random queries and f16 caches, with masked positions, for 1..8 query rows and depths up to 8192, outputs
 // poisoned first; then the 9B shape's 8 attention layers (16 query heads, 4 kv heads of 256) timed in a
@@ -6,7 +6,7 @@
 // depth 512 (the census). Builds in seconds from the patched tree:
 //   G=vendor/ggml; nvcc -std=c++17 -O3 -arch=sm_90 -use_fast_math -extended-lambda -I$G/include -I$G/src \
 //     -I$G/src/ggml-cuda -DGGML_USE_CUDA bench/fattn_decode_bench.cu -o /tmp/fattn_decode_bench
-#include "pyqwen-fattn-decode.cuh"
+#include "pyqwen-fattn-kernel.cuh"
 
 #include <algorithm>
 #include <cmath>
@@ -21,13 +21,6 @@ void ggml_cuda_error(const char * stmt, const char * func, const char * file, in
 }
 
 struct attn_shape { int n_head, n_head_kv, D; };
-
-// positions a CTA: enough CTAs to cover the GPU twice, at least 32 positions each, and the combine's work
-// (splits times rows) bounded
-static int pfa_chunk(int n_kv, int n_head_kv, int rows, int nsm) {
-    const int want = std::max(1, std::min(2*nsm/n_head_kv, 256/rows));
-    return std::max(32, (n_kv + want - 1)/want);
-}
 
 template <int D>
 static void launch(const pfa_args & a, int nsplit, cudaStream_t st) {
