@@ -1,28 +1,7 @@
 // ggml's FLASH_ATTN_EXT for decode and verify passes through pyqwen_fattn_decode (pyqwen-fattn-kernel.cuh).
 #include "pyqwen-fattn-decode.cuh"
 #include "pyqwen-fattn-kernel.cuh"
-
-#include <map>
-#include <mutex>
-
-// The arrival counters, a zeroed set per stream (one launch at a time per stream, each leaves them at zero);
-// made on first use, which runs before any CUDA graph capture (ggml warms graphs up uncaptured).
-static unsigned int * pfa_arrivals(cudaStream_t stream, const int n_head_kv) {
-    static std::mutex mutex;
-    static std::map<cudaStream_t, std::pair<unsigned int *, int>> sets;
-    std::lock_guard<std::mutex> lock(mutex);
-    std::pair<unsigned int *, int> & set = sets[stream];
-    if (set.second < n_head_kv) {
-        if (set.first) {
-            CUDA_CHECK(cudaStreamSynchronize(stream));
-            CUDA_CHECK(cudaFree(set.first));
-        }
-        set.second = std::max(n_head_kv, 64);
-        CUDA_CHECK(cudaMalloc(&set.first, set.second*sizeof(unsigned int)));
-        CUDA_CHECK(cudaMemsetAsync(set.first, 0, set.second*sizeof(unsigned int), stream));
-    }
-    return set.first;
-}
+#include "pyqwen-arrivals.cuh"
 
 bool ggml_cuda_pyqwen_fattn_decode(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
     const ggml_tensor * Q = dst->src[0], * K = dst->src[1], * V = dst->src[2], * mask = dst->src[3];
@@ -53,7 +32,7 @@ bool ggml_cuda_pyqwen_fattn_decode(ggml_backend_cuda_context & ctx, ggml_tensor 
         (const half *) K->data, (const half *) V->data, (int64_t) (K->nb[1]/sizeof(half)), (int64_t) (K->nb[2]/sizeof(half)),
         mask ? (const half *) mask->data : nullptr, mask ? (int64_t) (mask->nb[1]/sizeof(half)) : 0,
         (float *) dst->data, (int64_t) (dst->nb[2]/sizeof(float)), (int64_t) (dst->nb[1]/sizeof(float)),
-        partial.get(), pfa_arrivals(ctx.stream(), (int) n_head_kv),
+        partial.get(), pyqwen_arrivals(ctx.stream(), (int) n_head_kv),
         (int) n_q, (int) n_kv, (int) n_head, (int) n_head_kv, chunk, scale,
     };
     const dim3 grid((unsigned) n_head_kv, (unsigned) nsplit);
