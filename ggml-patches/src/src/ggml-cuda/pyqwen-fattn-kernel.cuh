@@ -45,6 +45,11 @@ static int pfa_chunk(const int n_kv, const int n_head_kv, const int rows, const 
     return std::max(32, (n_kv + want - 1)/want);
 }
 
+// Another CTA's partial result, from L2 (volatile: past the SM's L1 on either vendor).
+static __device__ __forceinline__ float pfa_load_l2(const float * p) {
+    return *(const volatile float *) p;
+}
+
 template <int D>
 static __global__ void __launch_bounds__(PFA_THREADS)
 pyqwen_fattn_decode(const pfa_args a) {
@@ -193,17 +198,17 @@ pyqwen_fattn_decode(const pfa_args a) {
     for (int r = 0; r < R; ++r) {
         float M = -INFINITY;
         for (int s = 0; s < nsplit; ++s) {
-            M = fmaxf(M, __ldcg(all + ((int64_t) s*R + r)*(D + 2) + D));
+            M = fmaxf(M, pfa_load_l2(all + ((int64_t) s*R + r)*(D + 2) + D));
         }
         float L = 0.0f, o[DT] = {};
         for (int s = 0; s < nsplit; ++s) {
             const float * ps = all + ((int64_t) s*R + r)*(D + 2);
-            const float m = __ldcg(ps + D);
+            const float m = pfa_load_l2(ps + D);
             const float f = m == -INFINITY ? 0.0f : expf(m - M);
-            L += f*__ldcg(ps + D + 1);
+            L += f*pfa_load_l2(ps + D + 1);
 #pragma unroll
             for (int j = 0; j < DT; ++j) {
-                o[j] += f*__ldcg(ps + t*DT + j);
+                o[j] += f*pfa_load_l2(ps + t*DT + j);
             }
         }
         float * out = a.dst + (r / G)*a.dst_row + (h*G + r % G)*a.dst_head + t*DT;
