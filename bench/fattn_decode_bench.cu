@@ -128,40 +128,49 @@ int main() {
     }
 
     // 8 layers (the 9B shape's attention layers), each its own cache region, one graph
-    printf("\n| depth | rows | us a layer (8 layers in a graph) | splits |\n|---|---|---|---|\n");
+    // pfa_chunk's split and half and twice its chunk, to tune it by
+    printf("\n| depth | rows | chunk | us a layer (8 layers in a graph) | splits |\n|---|---|---|---|---|\n");
     for (int n_kv : {512, 8192, 32640}) {
         for (int n_q : {1, 8}) {
-            const int rows = sh.n_head/sh.n_head_kv*n_q;
-            const int chunk = pfa_chunk(n_kv, sh.n_head_kv, rows, prop.multiProcessorCount);
-            const int nsplit = (n_kv + chunk - 1)/chunk;
-            device_buf dq((size_t) n_q*sh.n_head*D*sizeof(float)), dout((size_t) n_q*sh.n_head*D*sizeof(float));
-            CUDA_CHECK(cudaMemset(dq.p, 0, (size_t) n_q*sh.n_head*D*sizeof(float)));
-            const int layers = 8;
-            // the layers' caches: 8 regions of n_kv positions (32640 x 8 > n_ctx: they wrap, which only reuses data)
-            cudaGraph_t g;
-            cudaGraphExec_t ge;
-            CUDA_CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeRelaxed));
-            for (int l = 0; l < layers; ++l) {
-                const int64_t off = ((int64_t) l*n_kv % std::max(1, n_ctx - n_kv))*kv_pos;
-                const pfa_args a = { dq.as<float>(), (int64_t) sh.n_head*D, D, dk.as<half>() + off, dv.as<half>() + off, kv_pos, kv_head,
-                                     nullptr, 0, dout.as<float>(), (int64_t) sh.n_head*D, D, partial.as<float>(),
-                                     arrivals.as<unsigned int>(), n_q, n_kv, sh.n_head, sh.n_head_kv, chunk, 1.0f/16.0f };
-                launch<256>(a, nsplit, st);
+            for (const int scale_chunk : {1, 2, 4}) { // chunk x scale_chunk / 2
+                const int rows = sh.n_head/sh.n_head_kv*n_q;
+                const int chunk = std::max(32, pfa_chunk(n_kv, sh.n_head_kv, rows, prop.multiProcessorCount)*scale_chunk/2);
+                const int nsplit = (n_kv + chunk - 1)/chunk;
+                if (nsplit > 256) {
+                    continue; // the partials buffer's bound
+                }
+                device_buf dq((size_t) n_q*sh.n_head*D*sizeof(float)), dout((size_t) n_q*sh.n_head*D*sizeof(float));
+                CUDA_CHECK(cudaMemset(dq.p, 0, (size_t) n_q*sh.n_head*D*sizeof(float)));
+                const int layers = 8;
+                // the layers' caches: 8 regions of n_kv positions (32640 x 8 > n_ctx: they wrap, which only reuses data)
+                cudaGraph_t g;
+                cudaGraphExec_t ge;
+                CUDA_CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeRelaxed));
+                for (int l = 0; l < layers; ++l) {
+                    const int64_t off = ((int64_t) l*n_kv % std::max(1, n_ctx - n_kv))*kv_pos;
+                    const pfa_args a = { dq.as<float>(), (int64_t) sh.n_head*D, D, dk.as<half>() + off, dv.as<half>() + off, kv_pos, kv_head,
+                                         nullptr, 0, dout.as<float>(), (int64_t) sh.n_head*D, D, partial.as<float>(),
+                                         arrivals.as<unsigned int>(), n_q, n_kv, sh.n_head, sh.n_head_kv, chunk, 1.0f/16.0f };
+                    launch<256>(a, nsplit, st);
+                }
+                CUDA_CHECK(cudaStreamEndCapture(st, &g));
+                CUDA_CHECK(cudaGraphInstantiate(&ge, g, 0));
+                for (int i = 0; i < 5; ++i) CUDA_CHECK(cudaGraphLaunch(ge, st));
+                cudaEvent_t e0, e1;
+                CUDA_CHECK(cudaEventCreate(&e0));
+                CUDA_CHECK(cudaEventCreate(&e1));
+                const int reps = 100;
+                CUDA_CHECK(cudaEventRecord(e0, st));
+                for (int i = 0; i < reps; ++i) CUDA_CHECK(cudaGraphLaunch(ge, st));
+                CUDA_CHECK(cudaEventRecord(e1, st));
+                CUDA_CHECK(cudaEventSynchronize(e1));
+                float ms;
+                CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+                printf("| %d | %d | %s | %.2f | %d of %d |\n", n_kv, n_q, scale_chunk == 2 ? "default" : scale_chunk == 1 ? "half" : "twice",
+                       1e3*ms/reps/layers, nsplit, chunk);
+                CUDA_CHECK(cudaGraphExecDestroy(ge));
+                CUDA_CHECK(cudaGraphDestroy(g));
             }
-            CUDA_CHECK(cudaStreamEndCapture(st, &g));
-            CUDA_CHECK(cudaGraphInstantiate(&ge, g, 0));
-            for (int i = 0; i < 5; ++i) CUDA_CHECK(cudaGraphLaunch(ge, st));
-            cudaEvent_t e0, e1;
-            CUDA_CHECK(cudaEventCreate(&e0));
-            CUDA_CHECK(cudaEventCreate(&e1));
-            const int reps = 100;
-            CUDA_CHECK(cudaEventRecord(e0, st));
-            for (int i = 0; i < reps; ++i) CUDA_CHECK(cudaGraphLaunch(ge, st));
-            CUDA_CHECK(cudaEventRecord(e1, st));
-            CUDA_CHECK(cudaEventSynchronize(e1));
-            float ms;
-            CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
-            printf("| %d | %d | %.2f | %d of %d |\n", n_kv, n_q, 1e3*ms/reps/layers, nsplit, chunk);
         }
     }
     printf("\n%d passed, %d failed\n", passed, failed);
