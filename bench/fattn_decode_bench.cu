@@ -1,8 +1,8 @@
 // pyqwen_fattn_decode (ggml-patches/src/src/ggml-cuda/pyqwen-fattn-kernel.cuh) on its own: against a float64
 // reference of ggml's FLASH_ATTN_EXT (softmax(scale Q K^T + mask) V, query head j reading kv head j/G) on
-// random queries and f16 caches, with masked positions, for 1..8 query rows and depths up to 8192, outputs
+// random queries and f16 caches, with masked positions, for 1 and 2 query rows (4 heads each) and depths up to 8192, outputs
 // poisoned first; then the 9B shape's 8 attention layers (16 query heads, 4 kv heads of 256) timed in a
-// CUDA graph at depths 512, 8192 and 32640, 1 and 8 rows, to set beside upstream's 8.9 + 2.8 us a layer at
+// CUDA graph at depths 512, 8192 and 32640, 1 and 2 rows, to set beside upstream's 8.9 + 2.8 us a layer at
 // depth 512 (the census). Builds in seconds from the patched tree:
 //   G=vendor/ggml; nvcc -std=c++17 -O3 -arch=sm_90 -use_fast_math -extended-lambda -I$G/include -I$G/src \
 //     -I$G/src/ggml-cuda -DGGML_USE_CUDA bench/fattn_decode_bench.cu -o /tmp/fattn_decode_bench
@@ -59,11 +59,10 @@ int main() {
     CUDA_CHECK(cudaMemcpy(dv.p, hv.data(), hv.size()*sizeof(half), cudaMemcpyHostToDevice));
     device_buf arrivals(64*sizeof(unsigned int));
     CUDA_CHECK(cudaMemset(arrivals.p, 0, 64*sizeof(unsigned int)));
-    const int max_rows = sh.n_head/sh.n_head_kv*8;
-    device_buf partial((size_t) sh.n_head_kv*256*max_rows*(D + 2)*sizeof(float));
+    device_buf partial(pfa_partial_floats(D, sh.n_head_kv, PFA_SUB, PFA_MAX_ROWS)*sizeof(float));
 
     for (int n_kv : {1, 37, 512, 8192}) {
-        for (int n_q : {1, 2, 5, 8}) {
+        for (int n_q = 1; n_q*sh.n_head/sh.n_head_kv <= PFA_MAX_ROWS; ++n_q) {
             const int rows = sh.n_head/sh.n_head_kv*n_q;
             std::vector<float> q((size_t) n_q*sh.n_head*D);
             for (float & x : q) x = nd(rng);
@@ -131,13 +130,13 @@ int main() {
     // pfa_chunk's split and half and twice its chunk, to tune it by
     printf("\n| depth | rows | chunk | us a layer (8 layers in a graph) | splits |\n|---|---|---|---|---|\n");
     for (int n_kv : {512, 8192, 32640}) {
-        for (int n_q : {1, 8}) {
+        for (int n_q : {1, 2}) {
             for (const int scale_chunk : {1, 2, 4}) { // chunk x scale_chunk / 2
                 const int rows = sh.n_head/sh.n_head_kv*n_q;
                 const int chunk = std::max(32, pfa_chunk(n_kv, sh.n_head_kv, rows, prop.multiProcessorCount)*scale_chunk/2);
                 const int nsplit = (n_kv + chunk - 1)/chunk;
-                if (nsplit > 256) {
-                    continue; // the partials buffer's bound
+                if (nsplit > PFA_SUB) {
+                    continue; // the kernel's bound
                 }
                 device_buf dq((size_t) n_q*sh.n_head*D*sizeof(float)), dout((size_t) n_q*sh.n_head*D*sizeof(float));
                 CUDA_CHECK(cudaMemset(dq.p, 0, (size_t) n_q*sh.n_head*D*sizeof(float)));

@@ -17,7 +17,8 @@ bool ggml_cuda_pyqwen_fattn_decode(ggml_backend_cuda_context & ctx, ggml_tensor 
         Q->ne[3] == 1 && K->ne[3] == 1 && V->ne[3] == 1 && n_q >= 1 && n_head % n_head_kv == 0 &&
         n_head/n_head_kv*n_q <= PFA_MAX_ROWS && n_kv >= 1 &&
         Q->nb[0] == sizeof(float) && K->nb[0] == sizeof(half) && V->nb[0] == sizeof(half) &&
-        K->nb[1] % 4 == 0 && K->nb[2] % 4 == 0 && ggml_is_contiguous(dst) &&
+        K->nb[1] % 16 == 0 && K->nb[2] % 16 == 0 && (uintptr_t) K->data % 16 == 0 && ggml_is_contiguous(dst) && // uint4 K loads
+       
         (mask == nullptr || (mask->type == GGML_TYPE_F16 && mask->ne[0] >= n_kv && mask->ne[1] >= n_q &&
                              mask->ne[2] == 1 && mask->ne[3] == 1 && mask->nb[0] == sizeof(half)));
     if (!applies) {
@@ -26,7 +27,7 @@ bool ggml_cuda_pyqwen_fattn_decode(ggml_backend_cuda_context & ctx, ggml_tensor 
     const int rows = (int) (n_head/n_head_kv*n_q);
     const int chunk = pfa_chunk((int) n_kv, (int) n_head_kv, rows, ggml_cuda_info().devices[ctx.device].nsm);
     const int nsplit = (int) ((n_kv + chunk - 1)/chunk);
-    ggml_cuda_pool_alloc<float> partial(ctx.pool(), (size_t) n_head_kv*nsplit*rows*(D + 2));
+    ggml_cuda_pool_alloc<float> partial(ctx.pool(), pfa_partial_floats((int) D, (int) n_head_kv, nsplit, rows));
     const pfa_args a = {
         (const float *) Q->data, (int64_t) (Q->nb[1]/sizeof(float)), (int64_t) (Q->nb[2]/sizeof(float)),
         (const half *) K->data, (const half *) V->data, (int64_t) (K->nb[1]/sizeof(half)), (int64_t) (K->nb[2]/sizeof(half)),

@@ -1,12 +1,15 @@
-// Decode attention for 1..8 query rows over an f16 KV cache, split over the cache within one launch (the
-// seed article's decode kernel): CTA (h, s) takes kv head h's positions [s*chunk, (s + 1)*chunk) for the
+// Decode attention for up to 8 query rows (query heads times tokens) over an f16 KV cache, split over the
+// cache within one launch (the seed article's decode kernel): CTA (h, s) takes kv head h's positions [s*chunk, (s + 1)*chunk) for the
 // G = n_head/n_head_kv query heads that read it (ggml's grouping: query head h*G + g), R = G*n_q rows in all,
 // and leaves each row's maximum score, sum of exponentials and exponential-weighted V sum; the last CTA of
 // kv head h to finish (an arrival counter per kv head, which wraps back to 0) combines the splits and writes
-// the rows. Upstream runs a vector kernel and a separate combine kernel: 8.9 + 2.8 us a layer on the H200 for
-// a 9B decode token at depth 512 (bench/RESULTS.md, the census at 62ec107), mostly fixed cost.
+// the rows. Eight lanes share a K row (three shuffles a score, not five), and the combine reads the partials
+// a float4 a thread with every split's load in flight (the first version, a lane a K dim and a thread a
+// split at a time, took 24 us a layer at depth 512 on the H200, bench/RESULTS.md). Upstream runs a vector
+// kernel and a separate combine kernel: 8.9 + 2.8 us a layer on the H200 for a 9B decode token at depth 512
+// (bench/RESULTS.md, the census at 62ec107), mostly fixed cost.
 // ggml calls it for FLASH_ATTN_EXT where it applies (pyqwen-fattn-decode.cu); bench/fattn_decode_bench.cu
-// checks and times it standalone. NOT yet run on a GPU.
+// checks and times it standalone.
 #pragma once
 
 #include "common.cuh"
@@ -14,9 +17,9 @@
 #include <algorithm>
 
 #define PFA_THREADS  128 // 4 warps
-#define PFA_MAX_ROWS 32  // G*n_q: 4 query heads a kv head (Qwen3.5) times 8 rows
-#define PFA_SUB      64  // positions scored at a time (online softmax over a CTA's chunk)
-#define PFA_BATCH    4   // positions a warp loads at once
+#define PFA_MAX_ROWS 8   // G*n_q: a decode token's 4 query heads a kv head (Qwen3.5) times 2 rows
+#define PFA_SUB      64  // positions scored at a time (online softmax over a CTA's chunk); the most splits
+#define PFA_ROW_LANES 8  // lanes that share a K row, a lane D/8 of its dims
 
 struct pfa_args {
     const float  * q;        // query row i, head j, dim d at q[i*q_row + j*q_head + d]
@@ -27,50 +30,83 @@ struct pfa_args {
     int64_t        mask_row;
     float        * dst;      // row i, head j, dim d at dst[i*dst_row + j*dst_head + d]
     int64_t        dst_row, dst_head;
-    float        * partial;  // [kv head][split][R][D + 2]: weighted V sums, then max and sum
+    float        * partial;  // [kv head][split][R][pfa_row(D)]: weighted V sums, max, sum, padding
     unsigned int * arrivals; // [kv head]: zero, and left zero
     int            n_q, n_kv, n_head, n_head_kv, chunk;
     float          scale;
 };
 
-// Shared memory of a CTA: the scaled queries, then the scores of PFA_SUB positions, R rows of each.
-static size_t pfa_smem(const int D, const int rows) {
-    return (size_t) rows*(D + PFA_SUB)*sizeof(float);
+// A partial row's floats: D weighted V sums, the maximum and the sum, padded to whole float4s.
+static constexpr __host__ __device__ int pfa_row(const int D) {
+    return D + 4;
 }
 
-// Positions a CTA: enough CTAs to cover the GPU twice, at least 32 positions each, and the combine's work
-// (splits times rows, in the last CTA) bounded.
+// A query row's floats in shared memory: 8 segments of D/8 dims, each padded by 4 floats so that the 8 lanes
+// reading one float4 of their segments hit distinct banks.
+static constexpr __host__ __device__ int pfa_q_row(const int D) {
+    return PFA_ROW_LANES*(D/PFA_ROW_LANES + 4);
+}
+
+// Shared memory of a CTA: the scaled queries, then the scores of PFA_SUB positions, R rows of each.
+static size_t pfa_smem(const int D, const int rows) {
+    return (size_t) rows*(pfa_q_row(D) + PFA_SUB)*sizeof(float);
+}
+
+static size_t pfa_partial_floats(const int D, const int n_head_kv, const int nsplit, const int rows) {
+    return (size_t) n_head_kv*nsplit*rows*pfa_row(D);
+}
+
+// Positions a CTA: enough CTAs to cover the GPU twice, at least 32 positions each; the combining CTA reads
+// rows*nsplit partial rows, kept to 128 (130 KB at D = 256), and its split weights fill the score buffer.
 static int pfa_chunk(const int n_kv, const int n_head_kv, const int rows, const int nsm) {
-    const int want = std::max(1, std::min(2*nsm/n_head_kv, 256/rows));
+    const int want = std::max(1, std::min({2*nsm/n_head_kv, 128/rows, PFA_SUB}));
     return std::max(32, (n_kv + want - 1)/want);
 }
 
-// Another CTA's partial result, from L2 (volatile: past the SM's L1 on either vendor).
+// Another CTA's partial result, from L2 (HIP has no __ldcg: volatile, past the L1 on either vendor).
 static __device__ __forceinline__ float pfa_load_l2(const float * p) {
+#if defined(GGML_USE_HIP)
     return *(const volatile float *) p;
+#else
+    return __ldcg(p);
+#endif // defined(GGML_USE_HIP)
+}
+
+static __device__ __forceinline__ float4 pfa_load_l2(const float4 * p) {
+#if defined(GGML_USE_HIP)
+    const volatile float * f = (const volatile float *) p;
+    return make_float4(f[0], f[1], f[2], f[3]);
+#else
+    return __ldcg(p);
+#endif // defined(GGML_USE_HIP)
 }
 
 template <int D>
 static __global__ void __launch_bounds__(PFA_THREADS)
 pyqwen_fattn_decode(const pfa_args a) {
-    static_assert(D % PFA_THREADS == 0 && D % (2*WARP_SIZE) == 0, "whole dims a thread");
-    constexpr int DL = D/WARP_SIZE;   // dims of a K row a lane reads
-    constexpr int DT = D/PFA_THREADS; // dims of V a thread accumulates
-    constexpr int NW = PFA_THREADS/WARP_SIZE;
+    constexpr int SEG  = D/PFA_ROW_LANES;            // dims of a K row a lane reads
+    constexpr int QSEG = SEG + 4;                    // a segment's stride in qs
+    constexpr int QROW = pfa_q_row(D), ROW = pfa_row(D);
+    constexpr int PW   = WARP_SIZE/PFA_ROW_LANES;    // positions a warp scores at once
+    constexpr int DT   = D/PFA_THREADS;              // dims of V a thread accumulates
+    constexpr int NW   = PFA_THREADS/WARP_SIZE;
+    constexpr int COLS = D/4;                        // float4 columns of a row, in the combine
+    static_assert(SEG % 8 == 0 && D % PFA_THREADS == 0 && PFA_THREADS % COLS == 0, "whole uint4 K loads, whole V dims a thread");
     const int h = blockIdx.x, split = blockIdx.y, nsplit = gridDim.y;
     const int G = a.n_head/a.n_head_kv, R = G*a.n_q;
     const int t = threadIdx.x, lane = t % WARP_SIZE, warp = t / WARP_SIZE;
+    const int sub = lane % PFA_ROW_LANES, pw = lane / PFA_ROW_LANES; // a lane's K segment and position
     const int p0 = split*a.chunk, p1 = min(a.n_kv, p0 + a.chunk);
     extern __shared__ float smem[];
-    float * qs = smem;            // [R][D]
-    float * sc = smem + R*D;      // [R][PFA_SUB]
+    float * qs = smem;            // [R][QROW]
+    float * sc = smem + R*QROW;   // [R][PFA_SUB]: scores, then weights; in the combine, the splits' weights
     __shared__ float row_max[PFA_MAX_ROWS], row_sum[PFA_MAX_ROWS], corr[PFA_MAX_ROWS];
     __shared__ bool last;
 
     // row r = i*G + g: query row i of head h*G + g
     for (int e = t; e < R*D; e += PFA_THREADS) {
         const int r = e / D, d = e % D;
-        qs[e] = a.q[(r / G)*a.q_row + (h*G + r % G)*a.q_head + d]*a.scale;
+        qs[r*QROW + (d / SEG)*QSEG + d % SEG] = a.q[(r / G)*a.q_row + (h*G + r % G)*a.q_head + d]*a.scale;
     }
     if (t < R) {
         row_max[t] = -INFINITY;
@@ -81,34 +117,45 @@ pyqwen_fattn_decode(const pfa_args a) {
 
     for (int b0 = p0; b0 < p1; b0 += PFA_SUB) {
         const int nb = min(PFA_SUB, p1 - b0);
-        // scores: a warp PFA_BATCH positions at a time (their K loads in flight together), a lane DL dims of
-        // each, a warp sum per row
-        for (int pl0 = warp*PFA_BATCH; pl0 < nb; pl0 += NW*PFA_BATCH) {
-            half2 kh[PFA_BATCH][DL/2];
+        // scores: a warp 2*PW positions a pass (their K loads in flight together), 8 lanes a position
+        for (int pl0 = warp*2*PW; pl0 < nb; pl0 += NW*2*PW) {
+            float kf[2][SEG];
 #pragma unroll
-            for (int u = 0; u < PFA_BATCH; ++u) {
-                const half2 * kp = (const half2 *) (a.k + min(b0 + pl0 + u, p1 - 1)*a.kv_pos + h*a.kv_head + lane*DL);
+            for (int u = 0; u < 2; ++u) {
+                const int p = min(b0 + pl0 + u*PW + pw, p1 - 1);
+                const uint4 * kp = (const uint4 *) (a.k + p*a.kv_pos + h*a.kv_head + sub*SEG);
 #pragma unroll
-                for (int j = 0; j < DL/2; ++j) {
-                    kh[u][j] = kp[j];
+                for (int j = 0; j < SEG/8; ++j) {
+                    const uint4 raw = kp[j];
+                    const half2 * k2 = (const half2 *) &raw;
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) {
+                        const float2 f = __half22float2(k2[e]);
+                        kf[u][8*j + 2*e]     = f.x;
+                        kf[u][8*j + 2*e + 1] = f.y;
+                    }
                 }
             }
+            for (int r = 0; r < R; ++r) {
+                const float4 * qp = (const float4 *) (qs + r*QROW + sub*QSEG);
+                float s[2] = {0.0f, 0.0f};
 #pragma unroll
-            for (int u = 0; u < PFA_BATCH; ++u) {
-                const int pl = pl0 + u;
-                if (pl >= nb) { // uniform
-                    break;
-                }
-                for (int r = 0; r < R; ++r) {
-                    float s = 0.0f;
+                for (int j = 0; j < SEG/4; ++j) {
+                    const float4 qv = qp[j];
 #pragma unroll
-                    for (int j = 0; j < DL/2; ++j) {
-                        const float2 f = __half22float2(kh[u][j]);
-                        s += qs[r*D + lane*DL + 2*j]*f.x + qs[r*D + lane*DL + 2*j + 1]*f.y;
+                    for (int u = 0; u < 2; ++u) {
+                        s[u] += qv.x*kf[u][4*j] + qv.y*kf[u][4*j + 1] + qv.z*kf[u][4*j + 2] + qv.w*kf[u][4*j + 3];
                     }
-                    s = warp_reduce_sum(s);
-                    if (lane == 0) {
-                        sc[r*PFA_SUB + pl] = s + (a.mask ? __half2float(a.mask[(r / G)*a.mask_row + b0 + pl]) : 0.0f);
+                }
+#pragma unroll
+                for (int u = 0; u < 2; ++u) {
+#pragma unroll
+                    for (int o = PFA_ROW_LANES/2; o > 0; o >>= 1) {
+                        s[u] += __shfl_xor_sync(0xffffffff, s[u], o, WARP_SIZE);
+                    }
+                    const int pl = pl0 + u*PW + pw;
+                    if (sub == 0 && pl < nb) {
+                        sc[r*PFA_SUB + pl] = s[u] + (a.mask ? __half2float(a.mask[(r / G)*a.mask_row + b0 + pl]) : 0.0f);
                     }
                 }
             }
@@ -168,17 +215,17 @@ pyqwen_fattn_decode(const pfa_args a) {
         __syncthreads(); // sc is rewritten by the next block
     }
 
-    float * part = a.partial + ((int64_t) h*nsplit + split)*R*(D + 2);
+    float * part = a.partial + ((int64_t) h*nsplit + split)*R*ROW;
 #pragma unroll
     for (int r = 0; r < PFA_MAX_ROWS; ++r) {
         if (r < R) {
 #pragma unroll
             for (int j = 0; j < DT; ++j) {
-                part[r*(D + 2) + t*DT + j] = acc[r][j];
+                part[r*ROW + t*DT + j] = acc[r][j];
             }
             if (t == 0) {
-                part[r*(D + 2) + D]     = row_max[r];
-                part[r*(D + 2) + D + 1] = row_sum[r];
+                part[r*ROW + D]     = row_max[r];
+                part[r*ROW + D + 1] = row_sum[r];
             }
         }
     }
@@ -194,27 +241,46 @@ pyqwen_fattn_decode(const pfa_args a) {
         return;
     }
     __threadfence();
-    const float * all = a.partial + (int64_t) h*nsplit*R*(D + 2);
-    for (int r = 0; r < R; ++r) {
+    const float * all = a.partial + (int64_t) h*nsplit*R*ROW;
+    // a warp a row: the splits' weights exp(m_s - M) into sc, the row's total into row_sum
+    for (int r = warp; r < R; r += NW) {
         float M = -INFINITY;
-        for (int s = 0; s < nsplit; ++s) {
-            M = fmaxf(M, pfa_load_l2(all + ((int64_t) s*R + r)*(D + 2) + D));
+        for (int s = lane; s < nsplit; s += WARP_SIZE) {
+            M = fmaxf(M, pfa_load_l2(all + ((int64_t) s*R + r)*ROW + D));
         }
-        float L = 0.0f, o[DT] = {};
-        for (int s = 0; s < nsplit; ++s) {
-            const float * ps = all + ((int64_t) s*R + r)*(D + 2);
+        M = warp_reduce_max(M);
+        float L = 0.0f;
+        for (int s = lane; s < nsplit; s += WARP_SIZE) {
+            const float * ps = all + ((int64_t) s*R + r)*ROW;
             const float m = pfa_load_l2(ps + D);
-            const float f = m == -INFINITY ? 0.0f : expf(m - M);
-            L += f*pfa_load_l2(ps + D + 1);
-#pragma unroll
-            for (int j = 0; j < DT; ++j) {
-                o[j] += f*pfa_load_l2(ps + t*DT + j);
-            }
+            const float w = m == -INFINITY ? 0.0f : expf(m - M);
+            sc[r*PFA_SUB + s] = w;
+            L += w*pfa_load_l2(ps + D + 1);
         }
-        float * out = a.dst + (r / G)*a.dst_row + (h*G + r % G)*a.dst_head + t*DT;
-#pragma unroll
-        for (int j = 0; j < DT; ++j) {
-            out[j] = L > 0.0f ? o[j]/L : 0.0f;
+        L = warp_reduce_sum(L);
+        if (lane == 0) {
+            row_sum[r] = L;
         }
+    }
+    __syncthreads();
+    // a thread a float4 column of PFA_THREADS/COLS rows at a time, every split's load independent
+    const int c = t % COLS;
+    for (int r = t / COLS; r < R; r += PFA_THREADS/COLS) {
+        float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll 8
+        for (int s = 0; s < nsplit; ++s) {
+            const float w = sc[r*PFA_SUB + s];
+            const float4 v = pfa_load_l2((const float4 *) (all + ((int64_t) s*R + r)*ROW) + c);
+            o.x += w*v.x;
+            o.y += w*v.y;
+            o.z += w*v.z;
+            o.w += w*v.w;
+        }
+        const float inv = row_sum[r] > 0.0f ? 1.0f/row_sum[r] : 0.0f;
+        float * out = a.dst + (r / G)*a.dst_row + (h*G + r % G)*a.dst_head + 4*c;
+        out[0] = o.x*inv;
+        out[1] = o.y*inv;
+        out[2] = o.z*inv;
+        out[3] = o.w*inv;
     }
 }
