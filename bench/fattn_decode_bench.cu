@@ -63,7 +63,6 @@ int main() {
 
     for (int n_kv : {1, 37, 512, 8192}) {
         for (int n_q = 1; n_q*sh.n_head/sh.n_head_kv <= PFA_MAX_ROWS; ++n_q) {
-            const int rows = sh.n_head/sh.n_head_kv*n_q;
             std::vector<float> q((size_t) n_q*sh.n_head*D);
             for (float & x : q) x = nd(rng);
             // a causal tail over the last rows, and a few positions masked at random
@@ -102,7 +101,7 @@ int main() {
             CUDA_CHECK(cudaMemcpy(dq.p, q.data(), q.size()*sizeof(float), cudaMemcpyHostToDevice));
             CUDA_CHECK(cudaMemcpy(dm.p, mask.data(), mask.size()*sizeof(half), cudaMemcpyHostToDevice));
             CUDA_CHECK(cudaMemset(dout.p, 0xFF, want.size()*sizeof(float))); // NaN
-            const int chunk = pfa_chunk(n_kv, sh.n_head_kv, rows, prop.multiProcessorCount);
+            const int chunk = pfa_chunk(n_kv, sh.n_head_kv, prop.multiProcessorCount);
             const int nsplit = (n_kv + chunk - 1)/chunk;
             const pfa_args a = { dq.as<float>(), (int64_t) sh.n_head*D, D, dk.as<half>(), dv.as<half>(), kv_pos, kv_head,
                                  dm.as<half>(), n_kv, dout.as<float>(), (int64_t) sh.n_head*D, D, partial.as<float>(),
@@ -132,8 +131,7 @@ int main() {
     for (int n_kv : {512, 8192, 32640}) {
         for (int n_q : {1, 2}) {
             for (const int scale_chunk : {1, 2, 4}) { // chunk x scale_chunk / 2
-                const int rows = sh.n_head/sh.n_head_kv*n_q;
-                const int chunk = std::max(32, pfa_chunk(n_kv, sh.n_head_kv, rows, prop.multiProcessorCount)*scale_chunk/2);
+                const int chunk = std::max(32, pfa_chunk(n_kv, sh.n_head_kv, prop.multiProcessorCount)*scale_chunk/2);
                 const int nsplit = (n_kv + chunk - 1)/chunk;
                 if (nsplit > PFA_SUB) {
                     continue; // the kernel's bound

@@ -25,7 +25,7 @@ bool ggml_cuda_pyqwen_fattn_decode(ggml_backend_cuda_context & ctx, ggml_tensor 
         return false;
     }
     const int rows = (int) (n_head/n_head_kv*n_q);
-    const int chunk = pfa_chunk((int) n_kv, (int) n_head_kv, rows, ggml_cuda_info().devices[ctx.device].nsm);
+    const int chunk = pfa_chunk((int) n_kv, (int) n_head_kv, ggml_cuda_info().devices[ctx.device].nsm);
     const int nsplit = (int) ((n_kv + chunk - 1)/chunk);
     ggml_cuda_pool_alloc<float> partial(ctx.pool(), pfa_partial_floats((int) D, (int) n_head_kv, nsplit, rows));
     const pfa_args a = {

@@ -56,10 +56,11 @@ static size_t pfa_partial_floats(const int D, const int n_head_kv, const int nsp
     return (size_t) n_head_kv*nsplit*rows*pfa_row(D);
 }
 
-// Positions a CTA: enough CTAs to cover the GPU twice, at least 32 positions each; the combining CTA reads
-// rows*nsplit partial rows, kept to 128 (130 KB at D = 256), and its split weights fill the score buffer.
-static int pfa_chunk(const int n_kv, const int n_head_kv, const int rows, const int nsm) {
-    const int want = std::max(1, std::min({2*nsm/n_head_kv, 128/rows, PFA_SUB}));
+// Positions a CTA: enough CTAs to cover the GPU twice, at least 32 positions each, at most PFA_SUB splits (the
+// combine's weights fill the score buffer). Deep caches want the splits: at depth 8192 on the H200, 64 splits
+// took 34.6 us a layer and 32 (the combine's reads capped at 128 rows) 48.5 (bench/RESULTS.md).
+static int pfa_chunk(const int n_kv, const int n_head_kv, const int nsm) {
+    const int want = std::max(1, std::min(2*nsm/n_head_kv, PFA_SUB));
     return std::max(32, (n_kv + want - 1)/want);
 }
 
