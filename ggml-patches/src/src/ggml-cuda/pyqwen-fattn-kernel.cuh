@@ -82,6 +82,30 @@ static __device__ __forceinline__ float4 pfa_load_l2(const float4 * p) {
 #endif // defined(GGML_USE_HIP)
 }
 
+// n halves (4 or 8, 16-byte aligned at 8) as floats, in one load.
+template <int n>
+static __device__ __forceinline__ void pfa_load_halves(const half * p, float * f) {
+    if constexpr (n == 8) {
+        const uint4 raw = *(const uint4 *) p;
+        const half2 * h2 = (const half2 *) &raw;
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const float2 v = __half22float2(h2[e]);
+            f[2*e]     = v.x;
+            f[2*e + 1] = v.y;
+        }
+    } else {
+        const uint2 raw = *(const uint2 *) p;
+        const half2 * h2 = (const half2 *) &raw;
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+            const float2 v = __half22float2(h2[e]);
+            f[2*e]     = v.x;
+            f[2*e + 1] = v.y;
+        }
+    }
+}
+
 template <int D>
 static __global__ void __launch_bounds__(PFA_THREADS)
 pyqwen_fattn_decode(const pfa_args a) {
@@ -89,10 +113,10 @@ pyqwen_fattn_decode(const pfa_args a) {
     constexpr int QSEG = SEG + 4;                    // a segment's stride in qs
     constexpr int QROW = pfa_q_row(D), ROW = pfa_row(D);
     constexpr int PW   = WARP_SIZE/PFA_ROW_LANES;    // positions a warp scores at once
-    constexpr int DT   = D/PFA_THREADS;              // dims of V a thread accumulates
+    constexpr int VD   = D/WARP_SIZE;                // dims of V a lane accumulates (a warp every NW-th position)
     constexpr int NW   = PFA_THREADS/WARP_SIZE;
     constexpr int COLS = D/4;                        // float4 columns of a row, in the combine
-    static_assert(SEG % 8 == 0 && D % PFA_THREADS == 0 && PFA_THREADS % COLS == 0, "whole uint4 K loads, whole V dims a thread");
+    static_assert(SEG % 8 == 0 && (VD == 4 || VD == 8) && PFA_THREADS % COLS == 0, "whole uint4 K loads, uint2 or uint4 V loads");
     const int h = blockIdx.x, split = blockIdx.y, nsplit = gridDim.y;
     const int G = a.n_head/a.n_head_kv, R = G*a.n_q;
     const int t = threadIdx.x, lane = t % WARP_SIZE, warp = t / WARP_SIZE;
@@ -113,7 +137,7 @@ pyqwen_fattn_decode(const pfa_args a) {
         row_max[t] = -INFINITY;
         row_sum[t] = 0.0f;
     }
-    float acc[PFA_MAX_ROWS][DT] = {};
+    float acc[PFA_MAX_ROWS][VD] = {};
     __syncthreads();
 
     for (int b0 = p0; b0 < p1; b0 += PFA_SUB) {
@@ -124,17 +148,9 @@ pyqwen_fattn_decode(const pfa_args a) {
 #pragma unroll
             for (int u = 0; u < 2; ++u) {
                 const int p = min(b0 + pl0 + u*PW + pw, p1 - 1);
-                const uint4 * kp = (const uint4 *) (a.k + p*a.kv_pos + h*a.kv_head + sub*SEG);
 #pragma unroll
                 for (int j = 0; j < SEG/8; ++j) {
-                    const uint4 raw = kp[j];
-                    const half2 * k2 = (const half2 *) &raw;
-#pragma unroll
-                    for (int e = 0; e < 4; ++e) {
-                        const float2 f = __half22float2(k2[e]);
-                        kf[u][8*j + 2*e]     = f.x;
-                        kf[u][8*j + 2*e + 1] = f.y;
-                    }
+                    pfa_load_halves<8>(a.k + p*a.kv_pos + h*a.kv_head + sub*SEG + 8*j, &kf[u][8*j]);
                 }
             }
             for (int r = 0; r < R; ++r) {
@@ -184,30 +200,27 @@ pyqwen_fattn_decode(const pfa_args a) {
             }
         }
         __syncthreads();
-        // the weighted V sums: a thread DT dims of every row
+        // the weighted V sums: a warp every NW-th position, a lane VD dims of every row (one load a position,
+        // a warp's positions in flight together); the warps' sums meet once, after the last block
 #pragma unroll
         for (int r = 0; r < PFA_MAX_ROWS; ++r) {
             if (r < R) {
 #pragma unroll
-                for (int j = 0; j < DT; ++j) {
+                for (int j = 0; j < VD; ++j) {
                     acc[r][j] *= corr[r];
                 }
             }
         }
 #pragma unroll 8
-        for (int pl = 0; pl < nb; ++pl) {
-            float vf[DT];
-            const half * vp = a.v + (b0 + pl)*a.kv_pos + h*a.kv_head + t*DT;
-#pragma unroll
-            for (int j = 0; j < DT; ++j) {
-                vf[j] = __half2float(vp[j]);
-            }
+        for (int pl = warp; pl < nb; pl += NW) {
+            float vf[VD];
+            pfa_load_halves<VD>(a.v + (b0 + pl)*a.kv_pos + h*a.kv_head + lane*VD, vf);
 #pragma unroll
             for (int r = 0; r < PFA_MAX_ROWS; ++r) {
                 if (r < R) {
                     const float w = sc[r*PFA_SUB + pl];
 #pragma unroll
-                    for (int j = 0; j < DT; ++j) {
+                    for (int j = 0; j < VD; ++j) {
                         acc[r][j] += w*vf[j];
                     }
                 }
@@ -216,17 +229,36 @@ pyqwen_fattn_decode(const pfa_args a) {
         __syncthreads(); // sc is rewritten by the next block
     }
 
-    float * part = a.partial + ((int64_t) h*nsplit + split)*R*ROW;
+    // the warps' sums, one warp after another into smem (free now: R*D floats fit in qs), then warp 0 writes
+    // the partial row
+    float * red = smem;
+    for (int w = 1; w < NW; ++w) {
+        if (warp == w) {
 #pragma unroll
-    for (int r = 0; r < PFA_MAX_ROWS; ++r) {
-        if (r < R) {
+            for (int r = 0; r < PFA_MAX_ROWS; ++r) {
+                if (r < R) {
 #pragma unroll
-            for (int j = 0; j < DT; ++j) {
-                part[r*ROW + t*DT + j] = acc[r][j];
+                    for (int j = 0; j < VD; ++j) {
+                        red[r*D + lane*VD + j] = (w == 1 ? 0.0f : red[r*D + lane*VD + j]) + acc[r][j];
+                    }
+                }
             }
-            if (t == 0) {
-                part[r*ROW + D]     = row_max[r];
-                part[r*ROW + D + 1] = row_sum[r];
+        }
+        __syncthreads();
+    }
+    float * part = a.partial + ((int64_t) h*nsplit + split)*R*ROW;
+    if (warp == 0) {
+#pragma unroll
+        for (int r = 0; r < PFA_MAX_ROWS; ++r) {
+            if (r < R) {
+#pragma unroll
+                for (int j = 0; j < VD; ++j) {
+                    part[r*ROW + lane*VD + j] = acc[r][j] + red[r*D + lane*VD + j];
+                }
+                if (lane == 0) {
+                    part[r*ROW + D]     = row_max[r];
+                    part[r*ROW + D + 1] = row_sum[r];
+                }
             }
         }
     }
