@@ -127,7 +127,7 @@ int main() {
 
     // 8 layers (the 9B shape's attention layers), each its own cache region, one graph
     // pfa_chunk's split and half and twice its chunk, to tune it by
-    printf("\n| depth | rows | chunk | us a layer (8 layers in a graph) | splits |\n|---|---|---|---|---|\n");
+    printf("\n| depth | rows | chunk | us a layer (8 layers in a graph) | K and V read, GB/s | splits |\n|---|---|---|---|---|---|\n");
     for (int n_kv : {512, 8192, 32640}) {
         for (int n_q : {1, 2}) {
             for (const int scale_chunk : {1, 2, 4}) { // chunk x scale_chunk / 2
@@ -163,8 +163,9 @@ int main() {
                 CUDA_CHECK(cudaEventSynchronize(e1));
                 float ms;
                 CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
-                printf("| %d | %d | %s | %.2f | %d of %d |\n", n_kv, n_q, scale_chunk == 2 ? "default" : scale_chunk == 1 ? "half" : "twice",
-                       1e3*ms/reps/layers, nsplit, chunk);
+                const double us = 1e3*ms/reps/layers, bytes = 2.0*n_kv*kv_pos*sizeof(half);
+                printf("| %d | %d | %s | %.2f | %.0f | %d of %d |\n", n_kv, n_q, scale_chunk == 2 ? "default" : scale_chunk == 1 ? "half" : "twice",
+                       us, bytes/us*1e-3, nsplit, chunk);
                 CUDA_CHECK(cudaGraphExecDestroy(ge));
                 CUDA_CHECK(cudaGraphDestroy(g));
             }
