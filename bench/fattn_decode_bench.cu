@@ -1,0 +1,176 @@
+// pyqwen_fattn_decode (ggml-patches/src/src/ggml-cuda/pyqwen-fattn-kernel.cuh) on its own: against a float64
+// reference of ggml's FLASH_ATTN_EXT (softmax(scale Q K^T + mask) V, query head j reading kv head j/G) on
+// random queries and f16 caches, with masked positions, for 1 and 2 query rows (4 heads each) and depths up to 8192, outputs
+// poisoned first; then the 9B shape's 8 attention layers (16 query heads, 4 kv heads of 256) timed in a
+// CUDA graph at depths 512, 8192 and 32640, 1 and 2 rows, to set beside upstream's 8.9 + 2.8 us a layer at
+// depth 512 (the census). Builds in seconds from the patched tree:
+//   G=vendor/ggml; nvcc -std=c++17 -O3 -arch=sm_90 -use_fast_math -extended-lambda -I$G/include -I$G/src \
+//     -I$G/src/ggml-cuda -DGGML_USE_CUDA bench/fattn_decode_bench.cu -o /tmp/fattn_decode_bench
+#include "pyqwen-fattn-kernel.cuh"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <random>
+#include <vector>
+
+// stand-in: CUDA_CHECK's error path lives in ggml-cuda.cu
+void ggml_cuda_error(const char * stmt, const char * func, const char * file, int line, const char * msg) {
+    fprintf(stderr, "CUDA error: %s\n  %s in %s at %s:%d\n", msg, stmt, func, file, line);
+    exit(1);
+}
+
+struct attn_shape { int n_head, n_head_kv, D; };
+
+template <int D>
+static void launch(const pfa_args & a, int nsplit, cudaStream_t st) {
+    const size_t smem = pfa_smem(D, a.n_head/a.n_head_kv*a.n_q);
+    pyqwen_fattn_decode<D><<<dim3(a.n_head_kv, nsplit), PFA_THREADS, smem, st>>>(a);
+}
+
+struct device_buf {
+    void * p = nullptr;
+    explicit device_buf(size_t bytes) { CUDA_CHECK(cudaMalloc(&p, bytes)); }
+    ~device_buf() { cudaFree(p); }
+    template <typename T> T * as() const { return (T *) p; }
+};
+
+int main() {
+    cudaDeviceProp prop;
+    CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+    cudaStream_t st;
+    CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    std::mt19937 rng(3);
+    std::normal_distribution<float> nd;
+    std::uniform_real_distribution<float> ud;
+    const attn_shape sh = {16, 4, 256};
+    const int D = sh.D, n_ctx = 32768;
+    int passed = 0, failed = 0;
+
+    // the cache: n_ctx positions of n_head_kv heads, as pyqwen's [D*n_head_kv, n_ctx] f16 tensors
+    const int64_t kv_pos = (int64_t) D*sh.n_head_kv, kv_head = D;
+    std::vector<half> hk((size_t) n_ctx*kv_pos), hv(hk.size());
+    for (size_t i = 0; i < hk.size(); ++i) {
+        hk[i] = __float2half(nd(rng));
+        hv[i] = __float2half(nd(rng));
+    }
+    device_buf dk(hk.size()*sizeof(half)), dv(hv.size()*sizeof(half));
+    CUDA_CHECK(cudaMemcpy(dk.p, hk.data(), hk.size()*sizeof(half), cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemcpy(dv.p, hv.data(), hv.size()*sizeof(half), cudaMemcpyHostToDevice));
+    device_buf arrivals(64*sizeof(unsigned int));
+    CUDA_CHECK(cudaMemset(arrivals.p, 0, 64*sizeof(unsigned int)));
+    device_buf partial(pfa_partial_floats(D, sh.n_head_kv, PFA_SUB, PFA_MAX_ROWS)*sizeof(float));
+
+    for (int n_kv : {1, 37, 512, 8192}) {
+        for (int n_q = 1; n_q*sh.n_head/sh.n_head_kv <= PFA_MAX_ROWS; ++n_q) {
+            std::vector<float> q((size_t) n_q*sh.n_head*D);
+            for (float & x : q) x = nd(rng);
+            // a causal tail over the last rows, and a few positions masked at random
+            std::vector<half> mask((size_t) n_q*n_kv);
+            for (int i = 0; i < n_q; ++i) {
+                for (int p = 0; p < n_kv; ++p) {
+                    const bool masked = p > n_kv - n_q + i || (p > 0 && ud(rng) < 0.05f);
+                    mask[(size_t) i*n_kv + p] = __float2half(masked ? -INFINITY : 0.0f);
+                }
+            }
+            const float scale = 1.0f/std::sqrt((float) D);
+            // float64 reference
+            std::vector<double> want((size_t) n_q*sh.n_head*D);
+            for (int i = 0; i < n_q; ++i) {
+                for (int j = 0; j < sh.n_head; ++j) {
+                    const int h = j/(sh.n_head/sh.n_head_kv);
+                    std::vector<double> s(n_kv);
+                    double m = -INFINITY;
+                    for (int p = 0; p < n_kv; ++p) {
+                        double dot = 0;
+                        for (int d = 0; d < D; ++d) dot += (double) q[((size_t) i*sh.n_head + j)*D + d]*__half2float(hk[p*kv_pos + h*kv_head + d]);
+                        s[p] = dot*scale + __half2float(mask[(size_t) i*n_kv + p]);
+                        m = std::max(m, s[p]);
+                    }
+                    double l = 0;
+                    std::vector<double> o(D, 0.0);
+                    for (int p = 0; p < n_kv && m != -INFINITY; ++p) {
+                        const double w = std::exp(s[p] - m);
+                        l += w;
+                        for (int d = 0; d < D; ++d) o[d] += w*__half2float(hv[p*kv_pos + h*kv_head + d]);
+                    }
+                    for (int d = 0; d < D; ++d) want[((size_t) i*sh.n_head + j)*D + d] = l > 0 ? o[d]/l : 0.0;
+                }
+            }
+            device_buf dq(q.size()*sizeof(float)), dm(mask.size()*sizeof(half)), dout(want.size()*sizeof(float));
+            CUDA_CHECK(cudaMemcpy(dq.p, q.data(), q.size()*sizeof(float), cudaMemcpyHostToDevice));
+            CUDA_CHECK(cudaMemcpy(dm.p, mask.data(), mask.size()*sizeof(half), cudaMemcpyHostToDevice));
+            CUDA_CHECK(cudaMemset(dout.p, 0xFF, want.size()*sizeof(float))); // NaN
+            const int chunk = pfa_chunk(n_kv, sh.n_head_kv, prop.multiProcessorCount);
+            const int nsplit = (n_kv + chunk - 1)/chunk;
+            const pfa_args a = { dq.as<float>(), (int64_t) sh.n_head*D, D, dk.as<half>(), dv.as<half>(), kv_pos, kv_head,
+                                 dm.as<half>(), n_kv, dout.as<float>(), (int64_t) sh.n_head*D, D, partial.as<float>(),
+                                 arrivals.as<unsigned int>(), n_q, n_kv, sh.n_head, sh.n_head_kv, chunk, scale };
+            launch<256>(a, nsplit, st);
+            CUDA_CHECK(cudaStreamSynchronize(st));
+            CUDA_CHECK(cudaGetLastError());
+            std::vector<float> got(want.size());
+            CUDA_CHECK(cudaMemcpy(got.data(), dout.p, got.size()*sizeof(float), cudaMemcpyDeviceToHost));
+            double err = 0, ref2 = 0;
+            bool finite = true;
+            for (size_t e = 0; e < got.size(); ++e) {
+                finite = finite && std::isfinite(got[e]);
+                err += (got[e] - want[e])*(got[e] - want[e]);
+                ref2 += want[e]*want[e];
+            }
+            const double rel = std::sqrt(err/std::max(ref2, 1e-30));
+            const bool ok = finite && rel < 1e-3; // f32 sums, fast-math exp
+            (ok ? passed : failed)++;
+            printf("%s n_kv=%5d n_q=%d: %d splits of %d, rel_l2 vs float64 %.2e\n", ok ? "ok  " : "FAIL", n_kv, n_q, nsplit, chunk, rel);
+        }
+    }
+
+    // 8 layers (the 9B shape's attention layers), each its own cache region, one graph
+    // pfa_chunk's split and half and twice its chunk, to tune it by
+    printf("\n| depth | rows | chunk | us a layer (8 layers in a graph) | K and V read, GB/s | splits |\n|---|---|---|---|---|---|\n");
+    for (int n_kv : {512, 8192, 32640}) {
+        for (int n_q : {1, 2}) {
+            for (const int scale_chunk : {1, 2, 4}) { // chunk x scale_chunk / 2
+                const int chunk = std::max(32, pfa_chunk(n_kv, sh.n_head_kv, prop.multiProcessorCount)*scale_chunk/2);
+                const int nsplit = (n_kv + chunk - 1)/chunk;
+                if (nsplit > PFA_SUB) {
+                    continue; // the kernel's bound
+                }
+                device_buf dq((size_t) n_q*sh.n_head*D*sizeof(float)), dout((size_t) n_q*sh.n_head*D*sizeof(float));
+                CUDA_CHECK(cudaMemset(dq.p, 0, (size_t) n_q*sh.n_head*D*sizeof(float)));
+                const int layers = 8;
+                // the layers' caches: 8 regions of n_kv positions (32640 x 8 > n_ctx: they wrap, which only reuses data)
+                cudaGraph_t g;
+                cudaGraphExec_t ge;
+                CUDA_CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeRelaxed));
+                for (int l = 0; l < layers; ++l) {
+                    const int64_t off = ((int64_t) l*n_kv % std::max(1, n_ctx - n_kv))*kv_pos;
+                    const pfa_args a = { dq.as<float>(), (int64_t) sh.n_head*D, D, dk.as<half>() + off, dv.as<half>() + off, kv_pos, kv_head,
+                                         nullptr, 0, dout.as<float>(), (int64_t) sh.n_head*D, D, partial.as<float>(),
+                                         arrivals.as<unsigned int>(), n_q, n_kv, sh.n_head, sh.n_head_kv, chunk, 1.0f/16.0f };
+                    launch<256>(a, nsplit, st);
+                }
+                CUDA_CHECK(cudaStreamEndCapture(st, &g));
+                CUDA_CHECK(cudaGraphInstantiate(&ge, g, 0));
+                for (int i = 0; i < 5; ++i) CUDA_CHECK(cudaGraphLaunch(ge, st));
+                cudaEvent_t e0, e1;
+                CUDA_CHECK(cudaEventCreate(&e0));
+                CUDA_CHECK(cudaEventCreate(&e1));
+                const int reps = 100;
+                CUDA_CHECK(cudaEventRecord(e0, st));
+                for (int i = 0; i < reps; ++i) CUDA_CHECK(cudaGraphLaunch(ge, st));
+                CUDA_CHECK(cudaEventRecord(e1, st));
+                CUDA_CHECK(cudaEventSynchronize(e1));
+                float ms;
+                CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+                const double us = 1e3*ms/reps/layers, bytes = 2.0*n_kv*kv_pos*sizeof(half);
+                printf("| %d | %d | %s | %.2f | %.0f | %d of %d |\n", n_kv, n_q, scale_chunk == 2 ? "default" : scale_chunk == 1 ? "half" : "twice",
+                       us, bytes/us*1e-3, nsplit, chunk);
+                CUDA_CHECK(cudaGraphExecDestroy(ge));
+                CUDA_CHECK(cudaGraphDestroy(g));
+            }
+        }
+    }
+    printf("\n%d passed, %d failed\n", passed, failed);
+    return failed != 0;
+}

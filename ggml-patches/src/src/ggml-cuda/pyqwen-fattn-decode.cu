@@ -1,0 +1,48 @@
+// ggml's FLASH_ATTN_EXT for decode and verify passes through pyqwen_fattn_decode (pyqwen-fattn-kernel.cuh).
+#include "pyqwen-fattn-decode.cuh"
+#include "pyqwen-fattn-kernel.cuh"
+#include "pyqwen-arrivals.cuh"
+
+bool ggml_cuda_pyqwen_fattn_decode(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
+    const ggml_tensor * Q = dst->src[0], * K = dst->src[1], * V = dst->src[2], * mask = dst->src[3];
+    float scale, max_bias, softcap;
+    memcpy(&scale,    (const float *) dst->op_params + 0, sizeof(float));
+    memcpy(&max_bias, (const float *) dst->op_params + 1, sizeof(float));
+    memcpy(&softcap,  (const float *) dst->op_params + 2, sizeof(float));
+    const int64_t D = K->ne[0], n_q = Q->ne[1], n_head = Q->ne[2], n_kv = K->ne[1], n_head_kv = K->ne[2];
+    const bool applies =
+        dst->src[4] == nullptr && max_bias == 0.0f && softcap == 0.0f && (D == 128 || D == 256) &&
+        Q->type == GGML_TYPE_F32 && K->type == GGML_TYPE_F16 && V->type == GGML_TYPE_F16 && dst->type == GGML_TYPE_F32 &&
+        Q->ne[0] == D && V->ne[0] == D && V->ne[1] == n_kv && V->ne[2] == n_head_kv && K->nb[1] == V->nb[1] && K->nb[2] == V->nb[2] &&
+        Q->ne[3] == 1 && K->ne[3] == 1 && V->ne[3] == 1 && n_q >= 1 && n_head % n_head_kv == 0 &&
+        n_head/n_head_kv*n_q <= PFA_MAX_ROWS && n_kv >= 1 &&
+        Q->nb[0] == sizeof(float) && K->nb[0] == sizeof(half) && V->nb[0] == sizeof(half) &&
+        K->nb[1] % 16 == 0 && K->nb[2] % 16 == 0 && (uintptr_t) K->data % 16 == 0 && (uintptr_t) V->data % 16 == 0 && ggml_is_contiguous(dst) && // vector K, V loads
+       
+        (mask == nullptr || (mask->type == GGML_TYPE_F16 && mask->ne[0] >= n_kv && mask->ne[1] >= n_q &&
+                             mask->ne[2] == 1 && mask->ne[3] == 1 && mask->nb[0] == sizeof(half)));
+    if (!applies) {
+        return false;
+    }
+    const int rows = (int) (n_head/n_head_kv*n_q);
+    const int chunk = pfa_chunk((int) n_kv, (int) n_head_kv, ggml_cuda_info().devices[ctx.device].nsm);
+    const int nsplit = (int) ((n_kv + chunk - 1)/chunk);
+    ggml_cuda_pool_alloc<float> partial(ctx.pool(), pfa_partial_floats((int) D, (int) n_head_kv, nsplit, rows));
+    const pfa_args a = {
+        (const float *) Q->data, (int64_t) (Q->nb[1]/sizeof(float)), (int64_t) (Q->nb[2]/sizeof(float)),
+        (const half *) K->data, (const half *) V->data, (int64_t) (K->nb[1]/sizeof(half)), (int64_t) (K->nb[2]/sizeof(half)),
+        mask ? (const half *) mask->data : nullptr, mask ? (int64_t) (mask->nb[1]/sizeof(half)) : 0,
+        (float *) dst->data, (int64_t) (dst->nb[2]/sizeof(float)), (int64_t) (dst->nb[1]/sizeof(float)),
+        partial.get(), pyqwen_arrivals(ctx.stream(), (int) n_head_kv),
+        (int) n_q, (int) n_kv, (int) n_head, (int) n_head_kv, chunk, scale,
+    };
+    const dim3 grid((unsigned) n_head_kv, (unsigned) nsplit);
+    const size_t smem = pfa_smem((int) D, rows);
+    if (D == 128) {
+        pyqwen_fattn_decode<128><<<grid, PFA_THREADS, smem, ctx.stream()>>>(a);
+    } else {
+        pyqwen_fattn_decode<256><<<grid, PFA_THREADS, smem, ctx.stream()>>>(a);
+    }
+    CUDA_CHECK(cudaGetLastError());
+    return true;
+}
