@@ -8,6 +8,7 @@
 //     -I$G/src/ggml-cuda -DGGML_USE_CUDA bench/deltanet_step_bench.cu -o /tmp/deltanet_step_bench
 #include "pyqwen-deltanet.cu"
 #include "gated_delta_net.cu"
+#include "cuda_graph_time.cuh"
 #include <algorithm>
 #include <cstdio>
 #include <random>
@@ -185,26 +186,12 @@ int main() {
         std::vector<device_layer> layers;
         for (int l = 0; l < 24; ++l) layers.push_back(upload(s, n, random_layer(s, n, rng)));
         for (const bool step : {false, true}) {
-            cudaGraph_t g;
-            cudaGraphExec_t ge;
-            CUDA_CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeRelaxed));
-            for (const device_layer & L : layers) {
-                if (step) run_step(s, n, L, arrivals, st); else run_split(s, n, L, st);
-            }
-            CUDA_CHECK(cudaStreamEndCapture(st, &g));
-            CUDA_CHECK(cudaGraphInstantiate(&ge, g, 0));
-            for (int i = 0; i < 5; ++i) CUDA_CHECK(cudaGraphLaunch(ge, st));
-            cudaEvent_t e0, e1;
-            CUDA_CHECK(cudaEventCreate(&e0));
-            CUDA_CHECK(cudaEventCreate(&e1));
-            const int reps = 200;
-            CUDA_CHECK(cudaEventRecord(e0, st));
-            for (int i = 0; i < reps; ++i) CUDA_CHECK(cudaGraphLaunch(ge, st));
-            CUDA_CHECK(cudaEventRecord(e1, st));
-            CUDA_CHECK(cudaEventSynchronize(e1));
-            float ms;
-            CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
-            printf("| %s | %d | %.1f | %.2f |\n", step ? "step kernel" : "prep + ggml's recurrence", n, 1e3*ms/reps, 1e3*ms/reps/24);
+            const double us = graph_us_per_replay(st, 200, [&] {
+                for (const device_layer & L : layers) {
+                    if (step) run_step(s, n, L, arrivals, st); else run_split(s, n, L, st);
+                }
+            });
+            printf("| %s | %d | %.1f | %.2f |\n", step ? "step kernel" : "prep + ggml's recurrence", n, us, us/24);
         }
     }
     printf("\n%d passed, %d failed\n", passed, failed);

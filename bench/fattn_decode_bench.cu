@@ -7,6 +7,7 @@
 //   G=vendor/ggml; nvcc -std=c++17 -O3 -arch=sm_90 -use_fast_math -extended-lambda -I$G/include -I$G/src \
 //     -I$G/src/ggml-cuda -DGGML_USE_CUDA bench/fattn_decode_bench.cu -o /tmp/fattn_decode_bench
 #include "pyqwen-fattn-kernel.cuh"
+#include "cuda_graph_time.cuh"
 
 #include <algorithm>
 #include <cmath>
@@ -140,34 +141,18 @@ int main() {
                 CUDA_CHECK(cudaMemset(dq.p, 0, (size_t) n_q*sh.n_head*D*sizeof(float)));
                 const int layers = 8;
                 // the layers' caches: 8 regions of n_kv positions (32640 x 8 > n_ctx: they wrap, which only reuses data)
-                cudaGraph_t g;
-                cudaGraphExec_t ge;
-                CUDA_CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeRelaxed));
-                for (int l = 0; l < layers; ++l) {
-                    const int64_t off = ((int64_t) l*n_kv % std::max(1, n_ctx - n_kv))*kv_pos;
-                    const pfa_args a = { dq.as<float>(), (int64_t) sh.n_head*D, D, dk.as<half>() + off, dv.as<half>() + off, kv_pos, kv_head,
-                                         nullptr, 0, dout.as<float>(), (int64_t) sh.n_head*D, D, partial.as<float>(),
-                                         arrivals.as<unsigned int>(), n_q, n_kv, sh.n_head, sh.n_head_kv, chunk, 1.0f/16.0f };
-                    launch<256>(a, nsplit, st);
-                }
-                CUDA_CHECK(cudaStreamEndCapture(st, &g));
-                CUDA_CHECK(cudaGraphInstantiate(&ge, g, 0));
-                for (int i = 0; i < 5; ++i) CUDA_CHECK(cudaGraphLaunch(ge, st));
-                cudaEvent_t e0, e1;
-                CUDA_CHECK(cudaEventCreate(&e0));
-                CUDA_CHECK(cudaEventCreate(&e1));
-                const int reps = 100;
-                CUDA_CHECK(cudaEventRecord(e0, st));
-                for (int i = 0; i < reps; ++i) CUDA_CHECK(cudaGraphLaunch(ge, st));
-                CUDA_CHECK(cudaEventRecord(e1, st));
-                CUDA_CHECK(cudaEventSynchronize(e1));
-                float ms;
-                CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
-                const double us = 1e3*ms/reps/layers, bytes = 2.0*n_kv*kv_pos*sizeof(half);
+                const double us = graph_us_per_replay(st, 100, [&] {
+                    for (int l = 0; l < layers; ++l) {
+                        const int64_t off = ((int64_t) l*n_kv % std::max(1, n_ctx - n_kv))*kv_pos;
+                        const pfa_args a = { dq.as<float>(), (int64_t) sh.n_head*D, D, dk.as<half>() + off, dv.as<half>() + off, kv_pos, kv_head,
+                                             nullptr, 0, dout.as<float>(), (int64_t) sh.n_head*D, D, partial.as<float>(),
+                                             arrivals.as<unsigned int>(), n_q, n_kv, sh.n_head, sh.n_head_kv, chunk, 1.0f/16.0f };
+                        launch<256>(a, nsplit, st);
+                    }
+                })/layers;
+                const double bytes = 2.0*n_kv*kv_pos*sizeof(half);
                 printf("| %d | %d | %s | %.2f | %.0f | %d of %d |\n", n_kv, n_q, scale_chunk == 2 ? "default" : scale_chunk == 1 ? "half" : "twice",
                        us, bytes/us*1e-3, nsplit, chunk);
-                CUDA_CHECK(cudaGraphExecDestroy(ge));
-                CUDA_CHECK(cudaGraphDestroy(g));
             }
         }
     }

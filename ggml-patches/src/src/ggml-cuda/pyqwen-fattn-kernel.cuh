@@ -15,6 +15,7 @@
 #include "common.cuh"
 
 #include <algorithm>
+#include <type_traits>
 
 #define PFA_THREADS  128 // 4 warps
 #define PFA_MAX_ROWS 8   // G*n_q: a decode token's 4 query heads a kv head (Qwen3.5) times 2 rows
@@ -82,27 +83,18 @@ static __device__ __forceinline__ float4 pfa_load_l2(const float4 * p) {
 #endif // defined(GGML_USE_HIP)
 }
 
-// n halves (4 or 8, 16-byte aligned at 8) as floats, in one load.
+// n halves (4 or 8, aligned to their size) as floats, in one load.
 template <int n>
 static __device__ __forceinline__ void pfa_load_halves(const half * p, float * f) {
-    if constexpr (n == 8) {
-        const uint4 raw = *(const uint4 *) p;
-        const half2 * h2 = (const half2 *) &raw;
+    static_assert(n == 4 || n == 8, "a uint2 or a uint4");
+    using raw_t = std::conditional_t<n == 8, uint4, uint2>;
+    const raw_t raw = *(const raw_t *) p;
+    const half2 * h2 = (const half2 *) &raw;
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-            const float2 v = __half22float2(h2[e]);
-            f[2*e]     = v.x;
-            f[2*e + 1] = v.y;
-        }
-    } else {
-        const uint2 raw = *(const uint2 *) p;
-        const half2 * h2 = (const half2 *) &raw;
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-            const float2 v = __half22float2(h2[e]);
-            f[2*e]     = v.x;
-            f[2*e + 1] = v.y;
-        }
+    for (int e = 0; e < n/2; ++e) {
+        const float2 v = __half22float2(h2[e]);
+        f[2*e]     = v.x;
+        f[2*e + 1] = v.y;
     }
 }
 
