@@ -3,7 +3,8 @@
 // random queries and f16 caches, with masked positions, for 1 and 2 query rows (4 heads each) and depths up to 8192, outputs
 // poisoned first; then the 9B shape's 8 attention layers (16 query heads, 4 kv heads of 256) timed in a
 // CUDA graph at depths 512, 8192 and 32640, 1 and 2 rows, to set beside upstream's 8.9 + 2.8 us a layer at
-// depth 512 (the census). Builds in seconds from the patched tree:
+// depth 512 (the census). -DPFA_THREADS=256 or -DPFA_SUB=32 build the kernel's other sizes. Builds in seconds
+// from the patched tree:
 //   G=vendor/ggml; nvcc -std=c++17 -O3 -arch=sm_90 -use_fast_math -extended-lambda -I$G/include -I$G/src \
 //     -I$G/src/ggml-cuda -DGGML_USE_CUDA bench/fattn_decode_bench.cu -o /tmp/fattn_decode_bench
 #include "pyqwen-fattn-kernel.cuh"
@@ -128,6 +129,7 @@ int main() {
 
     // 8 layers (the 9B shape's attention layers), each its own cache region, one graph
     // pfa_chunk's split and half and twice its chunk, to tune it by
+    printf("\nPFA_THREADS %d, PFA_SUB %d\n", PFA_THREADS, PFA_SUB);
     printf("\n| depth | rows | chunk | us a layer (8 layers in a graph) | K and V read, GB/s | splits |\n|---|---|---|---|---|---|\n");
     for (int n_kv : {512, 8192, 32640}) {
         for (int n_q : {1, 2}) {

@@ -17,9 +17,14 @@
 #include <algorithm>
 #include <type_traits>
 
+// PFA_THREADS and PFA_SUB may be set at build time: fattn_decode_bench is built with other values to compare.
+#ifndef PFA_THREADS
 #define PFA_THREADS  128 // 4 warps
-#define PFA_MAX_ROWS 8   // G*n_q: a decode token's 4 query heads a kv head (Qwen3.5) times 2 rows
+#endif // PFA_THREADS
+#ifndef PFA_SUB
 #define PFA_SUB      64  // positions scored at a time (online softmax over a CTA's chunk); the most splits
+#endif // PFA_SUB
+#define PFA_MAX_ROWS 8   // G*n_q: a decode token's 4 query heads a kv head (Qwen3.5) times 2 rows
 #define PFA_ROW_LANES 8  // lanes that share a K row, a lane D/8 of its dims
 
 struct pfa_args {
