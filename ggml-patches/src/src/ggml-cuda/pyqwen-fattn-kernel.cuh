@@ -293,11 +293,12 @@ pyqwen_fattn_decode(const pfa_args a) {
         }
     }
     __syncthreads();
-    // a thread a float4 column of PFA_THREADS/COLS rows at a time, every split's load independent
+    // a thread a float4 column of PFA_THREADS/COLS rows at a time, sixteen splits' loads in flight (the last
+    // CTA's reads are the launch's serial tail: 64 splits x 4 rows x 1 KB at depth 8192)
     const int c = t % COLS;
     for (int r = t / COLS; r < R; r += PFA_THREADS/COLS) {
         float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-#pragma unroll 8
+#pragma unroll 16
         for (int s = 0; s < nsplit; ++s) {
             const float w = sc[r*PFA_SUB + s];
             const float4 v = pfa_load_l2((const float4 *) (all + ((int64_t) s*R + r)*ROW) + c);
