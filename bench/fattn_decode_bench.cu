@@ -140,14 +140,16 @@ int main() {
                     continue; // the kernel's bound
                 }
                 device_buf dq((size_t) n_q*sh.n_head*D*sizeof(float)), dout((size_t) n_q*sh.n_head*D*sizeof(float));
+                device_buf dm((size_t) n_q*n_kv*sizeof(half)); // every position visible, but read as the model's mask is
                 CUDA_CHECK(cudaMemset(dq.p, 0, (size_t) n_q*sh.n_head*D*sizeof(float)));
+                CUDA_CHECK(cudaMemset(dm.p, 0, (size_t) n_q*n_kv*sizeof(half)));
                 const int layers = 8;
                 // the layers' caches: 8 regions of n_kv positions (32640 x 8 > n_ctx: they wrap, which only reuses data)
                 const double us = graph_us_per_replay(st, 100, [&] {
                     for (int l = 0; l < layers; ++l) {
                         const int64_t off = ((int64_t) l*n_kv % std::max(1, n_ctx - n_kv))*kv_pos;
                         const pfa_args a = { dq.as<float>(), (int64_t) sh.n_head*D, D, dk.as<half>() + off, dv.as<half>() + off, kv_pos, kv_head,
-                                             nullptr, 0, dout.as<float>(), (int64_t) sh.n_head*D, D, partial.as<float>(),
+                                             dm.as<half>(), n_kv, dout.as<float>(), (int64_t) sh.n_head*D, D, partial.as<float>(),
                                              arrivals.as<unsigned int>(), n_q, n_kv, sh.n_head, sh.n_head_kv, chunk, 1.0f/16.0f };
                         launch<256>(a, nsplit, st);
                     }

@@ -17,8 +17,9 @@ bool ggml_cuda_pyqwen_fattn_decode(ggml_backend_cuda_context & ctx, ggml_tensor 
         Q->ne[3] == 1 && K->ne[3] == 1 && V->ne[3] == 1 && n_q >= 1 && n_head % n_head_kv == 0 &&
         n_head/n_head_kv*n_q <= PFA_MAX_ROWS && n_kv >= 1 &&
         Q->nb[0] == sizeof(float) && K->nb[0] == sizeof(half) && V->nb[0] == sizeof(half) &&
-        K->nb[1] % 16 == 0 && K->nb[2] % 16 == 0 && (uintptr_t) K->data % 16 == 0 && (uintptr_t) V->data % 16 == 0 && ggml_is_contiguous(dst) && // vector K, V loads
-       
+        Q->nb[1] % 16 == 0 && Q->nb[2] % 16 == 0 && (uintptr_t) Q->data % 16 == 0 && // float4 q loads
+        K->nb[1] % 16 == 0 && K->nb[2] % 16 == 0 && (uintptr_t) K->data % 16 == 0 && (uintptr_t) V->data % 16 == 0 && // vector K, V loads
+        ggml_is_contiguous(dst) &&
         (mask == nullptr || (mask->type == GGML_TYPE_F16 && mask->ne[0] >= n_kv && mask->ne[1] >= n_q &&
                              mask->ne[2] == 1 && mask->ne[3] == 1 && mask->nb[0] == sizeof(half)));
     if (!applies) {

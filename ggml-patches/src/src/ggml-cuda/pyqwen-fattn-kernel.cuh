@@ -28,7 +28,7 @@
 #define PFA_ROW_LANES 8  // lanes that share a K row, a lane D/8 of its dims
 
 struct pfa_args {
-    const float  * q;        // query row i, head j, dim d at q[i*q_row + j*q_head + d]
+    const float  * q;        // query row i, head j, dim d at q[i*q_row + j*q_head + d] (16-byte aligned rows)
     int64_t        q_row, q_head;
     const half   * k, * v;   // position p, kv head h, dim d at k[p*kv_pos + h*kv_head + d] (the same for v)
     int64_t        kv_pos, kv_head;
@@ -113,7 +113,8 @@ pyqwen_fattn_decode(const pfa_args a) {
     constexpr int VD   = D/WARP_SIZE;                // dims of V a lane accumulates (a warp every NW-th position)
     constexpr int NW   = PFA_THREADS/WARP_SIZE;
     constexpr int COLS = D/4;                        // float4 columns of a row, in the combine
-    static_assert(SEG % 8 == 0 && (VD == 4 || VD == 8) && PFA_THREADS % COLS == 0, "whole uint4 K loads, uint2 or uint4 V loads");
+    static_assert(SEG % 8 == 0 && (VD == 4 || VD == 8) && PFA_THREADS % COLS == 0 && PFA_SUB % WARP_SIZE == 0,
+                  "whole uint4 K loads, uint2 or uint4 V loads, whole warps of a block's positions");
     const int h = blockIdx.x, split = blockIdx.y, nsplit = gridDim.y;
     const int G = a.n_head/a.n_head_kv, R = G*a.n_q;
     const int t = threadIdx.x, lane = t % WARP_SIZE, warp = t / WARP_SIZE;
@@ -125,10 +126,13 @@ pyqwen_fattn_decode(const pfa_args a) {
     __shared__ float row_max[PFA_MAX_ROWS], row_sum[PFA_MAX_ROWS], corr[PFA_MAX_ROWS];
     __shared__ bool last;
 
-    // row r = i*G + g: query row i of head h*G + g
-    for (int e = t; e < R*D; e += PFA_THREADS) {
+    // row r = i*G + g: query row i of head h*G + g; a float4 a thread at a time, the loads unrolled so that
+    // they are in flight together (q was just written: one L2 round trip, not one a float)
+#pragma unroll 4
+    for (int e = 4*t; e < R*D; e += 4*PFA_THREADS) {
         const int r = e / D, d = e % D;
-        qs[r*QROW + (d / SEG)*QSEG + d % SEG] = a.q[(r / G)*a.q_row + (h*G + r % G)*a.q_head + d]*a.scale;
+        const float4 v = *(const float4 *) (a.q + (r / G)*a.q_row + (h*G + r % G)*a.q_head + d);
+        *(float4 *) (qs + r*QROW + (d / SEG)*QSEG + d % SEG) = make_float4(v.x*a.scale, v.y*a.scale, v.z*a.scale, v.w*a.scale);
     }
     if (t < R) {
         row_max[t] = -INFINITY;
@@ -169,17 +173,30 @@ pyqwen_fattn_decode(const pfa_args a) {
                     }
                     const int pl = pl0 + u*PW + pw;
                     if (sub == 0 && pl < nb) {
-                        sc[r*PFA_SUB + pl] = s[u] + (a.mask ? __half2float(a.mask[(r / G)*a.mask_row + b0 + pl]) : 0.0f);
+                        sc[r*PFA_SUB + pl] = s[u];
                     }
                 }
             }
         }
         __syncthreads();
-        // online softmax: each row's new maximum, the old sums' correction, the block's weights
+        // online softmax: the mask added (a row's block of it in one coalesced load a lane), each row's new
+        // maximum, the old sums' correction, the block's weights
         for (int r = warp; r < R; r += NW) {
+            const half * mrow = a.mask ? a.mask + (r / G)*a.mask_row + b0 : nullptr;
+            float mv[PFA_SUB/WARP_SIZE];
+#pragma unroll
+            for (int i = 0; i < PFA_SUB/WARP_SIZE; ++i) {
+                const int pl = lane + i*WARP_SIZE;
+                mv[i] = mrow && pl < nb ? __half2float(mrow[pl]) : 0.0f;
+            }
             float m = -INFINITY;
-            for (int pl = lane; pl < nb; pl += WARP_SIZE) {
-                m = fmaxf(m, sc[r*PFA_SUB + pl]);
+#pragma unroll
+            for (int i = 0; i < PFA_SUB/WARP_SIZE; ++i) {
+                const int pl = lane + i*WARP_SIZE;
+                if (pl < nb) {
+                    sc[r*PFA_SUB + pl] += mv[i];
+                    m = fmaxf(m, sc[r*PFA_SUB + pl]);
+                }
             }
             m = fmaxf(warp_reduce_max(m), row_max[r]);
             float l = 0.0f;
