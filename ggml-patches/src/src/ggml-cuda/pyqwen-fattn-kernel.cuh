@@ -88,12 +88,13 @@ static __device__ __forceinline__ float4 pfa_load_l2(const float4 * p) {
 #endif // defined(GGML_USE_HIP)
 }
 
-// n halves (4 or 8, aligned to their size) as floats, in one load.
+// n halves (4 or 8, aligned to their size) in one load, and as floats.
 template <int n>
-static __device__ __forceinline__ void pfa_load_halves(const half * p, float * f) {
+using pfa_halves = std::conditional_t<n == 8, uint4, uint2>;
+
+template <int n>
+static __device__ __forceinline__ void pfa_to_floats(const pfa_halves<n> & raw, float * f) {
     static_assert(n == 4 || n == 8, "a uint2 or a uint4");
-    using raw_t = std::conditional_t<n == 8, uint4, uint2>;
-    const raw_t raw = *(const raw_t *) p;
     const half2 * h2 = (const half2 *) &raw;
 #pragma unroll
     for (int e = 0; e < n/2; ++e) {
@@ -101,6 +102,11 @@ static __device__ __forceinline__ void pfa_load_halves(const half * p, float * f
         f[2*e]     = v.x;
         f[2*e + 1] = v.y;
     }
+}
+
+template <int n>
+static __device__ __forceinline__ void pfa_load_halves(const half * p, float * f) {
+    pfa_to_floats<n>(*(const pfa_halves<n> *) p, f);
 }
 
 template <int D>
@@ -113,6 +119,7 @@ pyqwen_fattn_decode(const pfa_args a) {
     constexpr int VD   = D/WARP_SIZE;                // dims of V a lane accumulates (a warp every NW-th position)
     constexpr int NW   = PFA_THREADS/WARP_SIZE;
     constexpr int COLS = D/4;                        // float4 columns of a row, in the combine
+    constexpr int MR   = (PFA_MAX_ROWS + NW - 1)/NW;   // rows a warp takes in the softmax
     static_assert(SEG % 8 == 0 && (VD == 4 || VD == 8) && PFA_THREADS % COLS == 0 && PFA_SUB % WARP_SIZE == 0,
                   "whole uint4 K loads, uint2 or uint4 V loads, whole warps of a block's positions");
     const int h = blockIdx.x, split = blockIdx.y, nsplit = gridDim.y;
@@ -143,6 +150,25 @@ pyqwen_fattn_decode(const pfa_args a) {
 
     for (int b0 = p0; b0 < p1; b0 += PFA_SUB) {
         const int nb = min(PFA_SUB, p1 - b0);
+        // this warp's V rows of the block and its rows' mask, loaded first: their latency passes under the
+        // scores' K loads instead of following them
+        pfa_halves<VD> vraw[PFA_SUB/NW];
+#pragma unroll
+        for (int i = 0; i < PFA_SUB/NW; ++i) {
+            const int pl = min(warp + i*NW, nb - 1);
+            vraw[i] = *(const pfa_halves<VD> *) (a.v + (b0 + pl)*a.kv_pos + h*a.kv_head + lane*VD);
+        }
+        float mv[MR][PFA_SUB/WARP_SIZE];
+#pragma unroll
+        for (int k = 0; k < MR; ++k) {
+            const int r = warp + k*NW;
+            const half * mrow = a.mask && r < R ? a.mask + (r / G)*a.mask_row + b0 : nullptr;
+#pragma unroll
+            for (int i = 0; i < PFA_SUB/WARP_SIZE; ++i) {
+                const int pl = lane + i*WARP_SIZE;
+                mv[k][i] = mrow && pl < nb ? __half2float(mrow[pl]) : 0.0f;
+            }
+        }
         // scores: a warp 2*PW positions a pass (their K loads in flight together), 8 lanes a position
         for (int pl0 = warp*2*PW; pl0 < nb; pl0 += NW*2*PW) {
             float kf[2][SEG];
@@ -179,22 +205,20 @@ pyqwen_fattn_decode(const pfa_args a) {
             }
         }
         __syncthreads();
-        // online softmax: the mask added (a row's block of it in one coalesced load a lane), each row's new
-        // maximum, the old sums' correction, the block's weights
-        for (int r = warp; r < R; r += NW) {
-            const half * mrow = a.mask ? a.mask + (r / G)*a.mask_row + b0 : nullptr;
-            float mv[PFA_SUB/WARP_SIZE];
+        // online softmax, a warp a row: the mask added, each row's new maximum, the old sums' correction, the
+        // block's weights
 #pragma unroll
-            for (int i = 0; i < PFA_SUB/WARP_SIZE; ++i) {
-                const int pl = lane + i*WARP_SIZE;
-                mv[i] = mrow && pl < nb ? __half2float(mrow[pl]) : 0.0f;
+        for (int k = 0; k < MR; ++k) {
+            const int r = warp + k*NW;
+            if (r >= R) {
+                break;
             }
             float m = -INFINITY;
 #pragma unroll
             for (int i = 0; i < PFA_SUB/WARP_SIZE; ++i) {
                 const int pl = lane + i*WARP_SIZE;
                 if (pl < nb) {
-                    sc[r*PFA_SUB + pl] += mv[i];
+                    sc[r*PFA_SUB + pl] += mv[k][i];
                     m = fmaxf(m, sc[r*PFA_SUB + pl]);
                 }
             }
@@ -214,8 +238,8 @@ pyqwen_fattn_decode(const pfa_args a) {
             }
         }
         __syncthreads();
-        // the weighted V sums: a warp every NW-th position, a lane VD dims of every row (one load a position,
-        // a warp's positions in flight together); the warps' sums meet once, after the last block
+        // the weighted V sums: a warp every NW-th position, a lane VD dims of every row, from the rows loaded
+        // before the scores; the warps' sums meet once, after the last block
 #pragma unroll
         for (int r = 0; r < PFA_MAX_ROWS; ++r) {
             if (r < R) {
@@ -225,10 +249,14 @@ pyqwen_fattn_decode(const pfa_args a) {
                 }
             }
         }
-#pragma unroll 8
-        for (int pl = warp; pl < nb; pl += NW) {
+#pragma unroll
+        for (int i = 0; i < PFA_SUB/NW; ++i) {
+            const int pl = warp + i*NW;
+            if (pl >= nb) {
+                break;
+            }
             float vf[VD];
-            pfa_load_halves<VD>(a.v + (b0 + pl)*a.kv_pos + h*a.kv_head + lane*VD, vf);
+            pfa_to_floats<VD>(vraw[i], vf);
 #pragma unroll
             for (int r = 0; r < PFA_MAX_ROWS; ++r) {
                 if (r < R) {
