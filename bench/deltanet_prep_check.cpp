@@ -25,32 +25,51 @@ struct prep_result {
     std::vector<float> out, state;
 };
 
-// Inputs: y [C + HV*S + 2*HV, n] (q|k|v, z, beta, alpha rows of each token), the conv state and the
-// layer's conv weights, dt_bias and a.
+// The prep as pyqwen's graph builds it, over views of one stacked projection output y [C + HV*S + 2*HV, n]
+// (q|k|v, z, beta, alpha rows of each token), with the conv state, the layer's conv weights, dt_bias and a:
+// the input tensors, to be filled once allocated (set_prep), and the prep node.
+struct prep_graph {
+    ggml_tensor * y, * conv, * w, * bias, * a, * P;
+};
+
+static prep_graph build_prep(ggml_context * ctx, const prep_shape & s, int n) {
+    const int64_t C = (int64_t) (2*s.hk + s.hv)*s.S, W = C + (int64_t) s.hv*s.S + 2*s.hv;
+    prep_graph g;
+    g.y    = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, W, n);
+    g.conv = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, s.k1, C);
+    g.w    = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, s.k1 + 1, C);
+    g.bias = ggml_new_tensor_1d(ctx, GGML_TYPE_F32, s.hv);
+    g.a    = ggml_new_tensor_1d(ctx, GGML_TYPE_F32, s.hv);
+    const size_t es = sizeof(float);
+    ggml_tensor * qkv   = ggml_view_2d(ctx, g.y, C, n, g.y->nb[1], 0);
+    ggml_tensor * beta  = ggml_view_2d(ctx, g.y, s.hv, n, g.y->nb[1], (C + (int64_t) s.hv*s.S)*es);
+    ggml_tensor * alpha = ggml_view_2d(ctx, g.y, s.hv, n, g.y->nb[1], (C + (int64_t) s.hv*s.S + s.hv)*es);
+    g.P = ggml_pyqwen_deltanet_prep(ctx, qkv, beta, alpha, g.conv, g.w, g.bias, g.a, s.hk, 1e-6f);
+    return g;
+}
+
+static void set_prep(const prep_graph & g, const std::vector<float> & y, const std::vector<float> & conv,
+                     const std::vector<float> & w, const std::vector<float> & bias, const std::vector<float> & a) {
+    ggml_backend_tensor_set(g.y, y.data(), 0, y.size()*sizeof(float));
+    ggml_backend_tensor_set(g.conv, conv.data(), 0, conv.size()*sizeof(float));
+    ggml_backend_tensor_set(g.w, w.data(), 0, w.size()*sizeof(float));
+    ggml_backend_tensor_set(g.bias, bias.data(), 0, bias.size()*sizeof(float));
+    ggml_backend_tensor_set(g.a, a.data(), 0, a.size()*sizeof(float));
+}
+
+// The prep alone: its output, and the conv state it advanced in place.
 static prep_result run_prep(ggml_backend_t backend, const prep_shape & s, int n, const std::vector<float> & y,
                             const std::vector<float> & state, const std::vector<float> & w,
                             const std::vector<float> & bias, const std::vector<float> & a) {
-    const int64_t C = (int64_t) (2*s.hk + s.hv)*s.S, W = C + (int64_t) s.hv*s.S + 2*s.hv;
     ggml_init_params ip = { 16*ggml_tensor_overhead() + ggml_graph_overhead(), nullptr, true };
     ggml_context * ctx = ggml_init(ip);
-    ggml_tensor * Y  = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, W, n);
-    ggml_tensor * st = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, s.k1, C);
-    ggml_tensor * cw = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, s.k1 + 1, C);
-    ggml_tensor * db = ggml_new_tensor_1d(ctx, GGML_TYPE_F32, s.hv);
-    ggml_tensor * A  = ggml_new_tensor_1d(ctx, GGML_TYPE_F32, s.hv);
-    const size_t es = sizeof(float);
-    ggml_tensor * qkv   = ggml_view_2d(ctx, Y, C, n, Y->nb[1], 0);
-    ggml_tensor * beta  = ggml_view_2d(ctx, Y, s.hv, n, Y->nb[1], (C + (int64_t) s.hv*s.S)*es);
-    ggml_tensor * alpha = ggml_view_2d(ctx, Y, s.hv, n, Y->nb[1], (C + (int64_t) s.hv*s.S + s.hv)*es);
-    ggml_tensor * P = ggml_pyqwen_deltanet_prep(ctx, qkv, beta, alpha, st, cw, db, A, s.hk, 1e-6f);
+    const prep_graph g = build_prep(ctx, s, n);
+    ggml_tensor * P = g.P;
     ggml_cgraph * gf = ggml_new_graph(ctx);
     ggml_build_forward_expand(gf, P);
     ggml_backend_buffer_t buf = ggml_backend_alloc_ctx_tensors(ctx, backend);
-    ggml_backend_tensor_set(Y, y.data(), 0, y.size()*es);
-    ggml_backend_tensor_set(st, state.data(), 0, state.size()*es);
-    ggml_backend_tensor_set(cw, w.data(), 0, w.size()*es);
-    ggml_backend_tensor_set(db, bias.data(), 0, bias.size()*es);
-    ggml_backend_tensor_set(A, a.data(), 0, a.size()*es);
+    set_prep(g, y, state, w, bias, a);
+    const size_t es = sizeof(float);
     const std::vector<float> poison(ggml_nelements(P), NAN);
     ggml_backend_tensor_set(P, poison.data(), 0, poison.size()*es);
     if (!ggml_backend_supports_op(backend, P)) { fprintf(stderr, "DELTANET_PREP unsupported\n"); std::exit(2); }
@@ -59,7 +78,7 @@ static prep_result run_prep(ggml_backend_t backend, const prep_shape & s, int n,
     r.out.resize(ggml_nelements(P));
     r.state.resize(state.size());
     ggml_backend_tensor_get(P, r.out.data(), 0, r.out.size()*es);
-    ggml_backend_tensor_get(st, r.state.data(), 0, r.state.size()*es);
+    ggml_backend_tensor_get(g.conv, r.state.data(), 0, r.state.size()*es);
     ggml_backend_buffer_free(buf);
     ggml_free(ctx);
     return r;
@@ -75,20 +94,13 @@ struct step_result {
 static step_result run_step(ggml_backend_t backend, const prep_shape & s, int n, const std::vector<float> & y,
                             const std::vector<float> & conv, const std::vector<float> & w, const std::vector<float> & bias,
                             const std::vector<float> & a, const std::vector<float> & state) {
-    const int64_t C = (int64_t) (2*s.hk + s.hv)*s.S, W = C + (int64_t) s.hv*s.S + 2*s.hv, D = (int64_t) s.S*s.S*s.hv;
+    const int64_t C = (int64_t) (2*s.hk + s.hv)*s.S, D = (int64_t) s.S*s.S*s.hv;
     ggml_init_params ip = { 32*ggml_tensor_overhead() + ggml_graph_overhead(), nullptr, true };
     ggml_context * ctx = ggml_init(ip);
-    ggml_tensor * Y  = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, W, n);
-    ggml_tensor * cs = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, s.k1, C);
-    ggml_tensor * cw = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, s.k1 + 1, C);
-    ggml_tensor * db = ggml_new_tensor_1d(ctx, GGML_TYPE_F32, s.hv);
-    ggml_tensor * A  = ggml_new_tensor_1d(ctx, GGML_TYPE_F32, s.hv);
+    const prep_graph pg = build_prep(ctx, s, n);
+    ggml_tensor * P  = pg.P;
     ggml_tensor * ST = ggml_new_tensor_4d(ctx, GGML_TYPE_F32, s.S, s.S, s.hv, 1);
     const size_t es = sizeof(float);
-    ggml_tensor * qkv   = ggml_view_2d(ctx, Y, C, n, Y->nb[1], 0);
-    ggml_tensor * beta  = ggml_view_2d(ctx, Y, s.hv, n, Y->nb[1], (C + (int64_t) s.hv*s.S)*es);
-    ggml_tensor * alpha = ggml_view_2d(ctx, Y, s.hv, n, Y->nb[1], (C + (int64_t) s.hv*s.S + s.hv)*es);
-    ggml_tensor * P = ggml_pyqwen_deltanet_prep(ctx, qkv, beta, alpha, cs, cw, db, A, s.hk, 1e-6f);
     ggml_tensor * q = ggml_view_4d(ctx, P, s.S, s.hk, n, 1, s.S*es, C*es, C*n*es, 0);
     ggml_tensor * k = ggml_view_4d(ctx, P, s.S, s.hk, n, 1, s.S*es, C*es, C*n*es, (size_t) s.S*s.hk*es);
     ggml_tensor * v = ggml_view_4d(ctx, P, s.S, s.hv, n, 1, s.S*es, C*es, C*n*es, (size_t) 2*s.S*s.hk*es);
@@ -102,11 +114,7 @@ static step_result run_step(ggml_backend_t backend, const prep_shape & s, int n,
                                            ggml_view_3d(ctx, ST, D, 1, 1, D*es, D*es, 0)));
     ggml_build_forward_expand(gf, attn);
     ggml_backend_buffer_t buf = ggml_backend_alloc_ctx_tensors(ctx, backend);
-    ggml_backend_tensor_set(Y, y.data(), 0, y.size()*es);
-    ggml_backend_tensor_set(cs, conv.data(), 0, conv.size()*es);
-    ggml_backend_tensor_set(cw, w.data(), 0, w.size()*es);
-    ggml_backend_tensor_set(db, bias.data(), 0, bias.size()*es);
-    ggml_backend_tensor_set(A, a.data(), 0, a.size()*es);
+    set_prep(pg, y, conv, w, bias, a);
     ggml_backend_tensor_set(ST, state.data(), 0, state.size()*es);
     const std::vector<float> poison(ggml_nelements(out), NAN);
     ggml_backend_tensor_set(out, poison.data(), 0, poison.size()*es);
@@ -117,7 +125,7 @@ static step_result run_step(ggml_backend_t backend, const prep_shape & s, int n,
     r.conv.resize(conv.size());
     ggml_backend_tensor_get(out, r.attn.data(), 0, r.attn.size()*es);
     ggml_backend_tensor_get(ST, r.state.data(), 0, r.state.size()*es);
-    ggml_backend_tensor_get(cs, r.conv.data(), 0, r.conv.size()*es);
+    ggml_backend_tensor_get(pg.conv, r.conv.data(), 0, r.conv.size()*es);
     ggml_backend_buffer_free(buf);
     ggml_free(ctx);
     return r;
@@ -138,29 +146,30 @@ int main() {
     if (!gpu) { fprintf(stderr, "no CUDA device\n"); return 2; }
     std::mt19937 rng(std::random_device{}());
     std::normal_distribution<float> nd;
+    const auto randn = [&](size_t count, float scale) {
+        std::vector<float> v(count);
+        for (float & x : v) x = scale*nd(rng);
+        return v;
+    };
+    // a layer's prep inputs for n tokens: y rows, conv state, conv weights, dt_bias, a = -exp(A_log)
+    struct layer { std::vector<float> y, conv, w, bias, a; };
+    const auto random_layer = [&](const prep_shape & s, int n) {
+        const int64_t C = (int64_t) (2*s.hk + s.hv)*s.S, W = C + (int64_t) s.hv*s.S + 2*s.hv;
+        layer L = { randn((size_t) W*n, 1.0f), randn((size_t) s.k1*C, 1.0f), randn((size_t) (s.k1 + 1)*C, 0.5f),
+                    randn(s.hv, 1.0f), randn(s.hv, 1.0f) };
+        for (float & x : L.a) x = -std::exp(x);
+        return L;
+    };
     int passed = 0, failed = 0;
     // the last: a head that is not a whole number of warps, a conv kernel of 6
     const prep_shape shapes[] = { {16, 32, 128, 3}, {1, 4, 16, 3}, {2, 6, 64, 3}, {3, 5, 40, 5} };
     for (const prep_shape & s : shapes) {
-        const int64_t C = (int64_t) (2*s.hk + s.hv)*s.S, W = C + (int64_t) s.hv*s.S + 2*s.hv;
         for (int n : {1, 2, 3, 5, 8, 9, 17}) { // 9 and 17: the CUDA kernel's token groups of 8
-            const auto randn = [&](size_t count, float scale) {
-                std::vector<float> v(count);
-                for (float & x : v) x = scale*nd(rng);
-                return v;
-            };
-            const std::vector<float> y = randn((size_t) W*n, 1.0f), state = randn((size_t) s.k1*C, 1.0f);
-            const std::vector<float> w = randn((size_t) (s.k1 + 1)*C, 0.5f), bias = randn(s.hv, 1.0f);
-            std::vector<float> a = randn(s.hv, 1.0f);
-            for (float & x : a) x = -std::exp(x); // a = -exp(A_log)
-            const prep_result g = run_prep(gpu, s, n, y, state, w, bias, a);
-            const prep_result c = run_prep(cpu, s, n, y, state, w, bias, a);
-            double err = 0;
+            const layer L = random_layer(s, n);
+            const prep_result g = run_prep(gpu, s, n, L.y, L.conv, L.w, L.bias, L.a);
+            const prep_result c = run_prep(cpu, s, n, L.y, L.conv, L.w, L.bias, L.a);
             bool finite = true;
-            for (size_t i = 0; i < g.out.size(); ++i) {
-                finite = finite && std::isfinite(g.out[i]);
-                err = std::fmax(err, std::fabs((double) g.out[i] - c.out[i])/(std::fabs((double) c.out[i]) + 1e-3));
-            }
+            const double err = max_rel(g.out, c.out, 1e-3, finite);
             const bool same_state = g.state == c.state;
             // the same float steps; the CUDA build's fast-math exp and a float (CPU: double) norm sum differ by ulps
             const bool ok = finite && same_state && err < 1e-4;
@@ -174,20 +183,11 @@ int main() {
     // heads of 16, 32, 64 and 128 channels only)
     const prep_shape step_shapes[] = { {16, 32, 128, 3}, {2, 2, 128, 3}, {1, 4, 128, 5}, {2, 6, 64, 3}, {3, 6, 32, 5} };
     for (const prep_shape & s : step_shapes) {
-        const int64_t C = (int64_t) (2*s.hk + s.hv)*s.S, W = C + (int64_t) s.hv*s.S + 2*s.hv;
         for (int n : {1, 2, 3, 8, 9}) {
-            const auto randn = [&](size_t count, float scale) {
-                std::vector<float> v(count);
-                for (float & x : v) x = scale*nd(rng);
-                return v;
-            };
-            const std::vector<float> y = randn((size_t) W*n, 1.0f), conv = randn((size_t) s.k1*C, 1.0f);
-            const std::vector<float> w = randn((size_t) (s.k1 + 1)*C, 0.5f), bias = randn(s.hv, 1.0f);
+            const layer L = random_layer(s, n);
             const std::vector<float> state = randn((size_t) s.S*s.S*s.hv, 0.1f);
-            std::vector<float> a = randn(s.hv, 1.0f);
-            for (float & x : a) x = -std::exp(x);
-            const step_result g = run_step(gpu, s, n, y, conv, w, bias, a, state);
-            const step_result c = run_step(cpu, s, n, y, conv, w, bias, a, state);
+            const step_result g = run_step(gpu, s, n, L.y, L.conv, L.w, L.bias, L.a, state);
+            const step_result c = run_step(cpu, s, n, L.y, L.conv, L.w, L.bias, L.a, state);
             bool finite = true;
             const double e_attn = max_rel(g.attn, c.attn, 1e-2, finite), e_state = max_rel(g.state, c.state, 1e-2, finite);
             const bool same_conv = g.conv == c.conv;

@@ -18,6 +18,7 @@
 void ggml_cuda_error(const char * s, const char * f, const char * file, int line, const char * m) { fprintf(stderr, "%s %s %s:%d\n", s, m, file, line); exit(1); }
 void ggml_abort(const char *, int, const char *, ...) { exit(3); }
 int ggml_cuda_get_device() { return 0; }
+bool ggml_is_empty(const ggml_tensor * t) { return t->ne[0] == 0 || t->ne[1] == 0 || t->ne[2] == 0 || t->ne[3] == 0; }
 void ggml_cuda_set_device(int) {}
 const ggml_cuda_device_info & ggml_cuda_info() { static ggml_cuda_device_info i = [] { ggml_cuda_device_info d = {}; d.devices[0].warp_size = 32; return d; }(); return i; }
 int64_t ggml_nelements(const ggml_tensor *) { return 0; }

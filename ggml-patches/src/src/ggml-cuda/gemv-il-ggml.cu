@@ -11,6 +11,7 @@
 #include "gemv-il.cuh"
 #include "ggml-backend-impl.h"
 #include "ggml-cuda.h"
+#include "pyqwen-graph.cuh"
 #include "pyqwen-w4a8.h"
 
 #include <algorithm>
@@ -310,19 +311,6 @@ void ggml_cuda_mul_mat_gemv_il(ggml_backend_cuda_context & ctx, const ggml_tenso
     }
 }
 
-static bool gemv_il_is_noop(const ggml_tensor * t) {
-    return ggml_is_empty(t) || t->op == GGML_OP_NONE || t->op == GGML_OP_RESHAPE || t->op == GGML_OP_VIEW ||
-           t->op == GGML_OP_PERMUTE || t->op == GGML_OP_TRANSPOSE;
-}
-
-// The first node at or after j that computes something.
-static int gemv_il_next_op(const ggml_cgraph * cgraph, int j) {
-    while (j < cgraph->n_nodes && gemv_il_is_noop(cgraph->nodes[j])) {
-        ++j;
-    }
-    return j;
-}
-
 static bool gemv_il_used_once(const ggml_cgraph * cgraph, const int j) {
     return ggml_node_get_use_count(cgraph, j) == 1 && !(cgraph->nodes[j]->flags & GGML_TENSOR_FLAG_OUTPUT);
 }
@@ -391,7 +379,7 @@ static thread_local gemv_il_pending_sums gemv_il_sums;
 
 // The residual ADD's index (res = the residual), or -1.
 static int gemv_il_residual_add(const ggml_cgraph * cgraph, const int i_mm, const ggml_tensor ** res) {
-    const int i_add = gemv_il_next_op(cgraph, i_mm + 1);
+    const int i_add = pyqwen_next_op(cgraph, i_mm + 1);
     if (i_add >= cgraph->n_nodes || !gemv_il_used_once(cgraph, i_mm)) {
         return -1;
     }
@@ -410,7 +398,7 @@ static int gemv_il_residual_add(const ggml_cgraph * cgraph, const int i_mm, cons
 
 // The ARGMAX's index, or -1.
 static int gemv_il_argmax(const ggml_cgraph * cgraph, const int i_mm) {
-    const int i_am = gemv_il_next_op(cgraph, i_mm + 1);
+    const int i_am = pyqwen_next_op(cgraph, i_mm + 1);
     if (i_am >= cgraph->n_nodes || !gemv_il_used_once(cgraph, i_mm)) {
         return -1;
     }
@@ -428,7 +416,7 @@ static int gemv_il_launch_fused(ggml_backend_cuda_context & ctx, const ggml_cgra
     const int i_add = gemv_il_residual_add(cgraph, i_mm, &res);
     if (i_add >= 0) {
         ggml_tensor * add = cgraph->nodes[i_add];
-        const int i_norm = gemv_il_next_op(cgraph, i_add + 1);
+        const int i_norm = pyqwen_next_op(cgraph, i_add + 1);
         gemv_il_prologue_args next;
         float * sums = nullptr;
         if (m <= GEMV_IL_MAX_TOKENS && i_norm < cgraph->n_nodes && cgraph->nodes[i_norm]->src[0] == add &&
@@ -454,7 +442,7 @@ static int gemv_il_launch_fused(ggml_backend_cuda_context & ctx, const ggml_cgra
 static int gemv_il_sigmoid_gate(ggml_backend_cuda_context & ctx, const ggml_cgraph * cgraph, const int i) {
     const ggml_tensor * node = cgraph->nodes[i];
     const bool with_cont = node->op == GGML_OP_CONT;
-    const int i_sig = with_cont ? gemv_il_next_op(cgraph, i + 1) : i;
+    const int i_sig = with_cont ? pyqwen_next_op(cgraph, i + 1) : i;
     if (i_sig >= cgraph->n_nodes || (with_cont && !gemv_il_used_once(cgraph, i))) {
         return 0;
     }
@@ -463,7 +451,7 @@ static int gemv_il_sigmoid_gate(ggml_backend_cuda_context & ctx, const ggml_cgra
         !gemv_il_used_once(cgraph, i_sig)) {
         return 0;
     }
-    const int i_mul = gemv_il_next_op(cgraph, i_sig + 1), i_mm = gemv_il_next_op(cgraph, i_mul + 1);
+    const int i_mul = pyqwen_next_op(cgraph, i_sig + 1), i_mm = pyqwen_next_op(cgraph, i_mul + 1);
     if (i_mm >= cgraph->n_nodes || !gemv_il_used_once(cgraph, i_mul)) {
         return 0;
     }
@@ -513,12 +501,12 @@ int ggml_cuda_gemv_il_try_fuse(ggml_backend_cuda_context & ctx, const ggml_cgrap
         mine.release();
         return done;
     }
-    if (!gemv_il_is_noop(node)) { // sums nobody claimed (the norm was not the next node after all)
+    if (!pyqwen_node_is_noop(node)) { // sums nobody claimed (the norm was not the next node after all)
         gemv_il_sums.release();
     }
     if (node->op == GGML_OP_RMS_NORM && i + 1 < cgraph->n_nodes && cgraph->nodes[i + 1]->op == GGML_OP_MUL) {
         // the gated norm: x [head, n_heads, m] per head, times w [head], times silu(z) of x's shape
-        const int i_silu = gemv_il_next_op(cgraph, i + 2), i_mm = gemv_il_next_op(cgraph, i_silu + 2);
+        const int i_silu = pyqwen_next_op(cgraph, i + 2), i_mm = pyqwen_next_op(cgraph, i_silu + 2);
         if (i_mm < cgraph->n_nodes && i_silu + 1 < cgraph->n_nodes) {
             const ggml_tensor * mul = cgraph->nodes[i + 1], * silu = cgraph->nodes[i_silu], * gated = cgraph->nodes[i_silu + 1];
             const ggml_tensor * mm = cgraph->nodes[i_mm], * x = node->src[0];

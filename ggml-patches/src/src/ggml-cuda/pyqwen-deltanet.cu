@@ -9,8 +9,8 @@
 #include "pyqwen-deltanet.cuh"
 #include "ggml-pyqwen.h"
 #include "pyqwen-deltanet-step.h"
-#include "ggml-impl.h"
 #include "pyqwen-arrivals.cuh"
+#include "pyqwen-graph.cuh"
 
 #define PQD_GROUP    8
 #define PQD_MAX_K1   (GGML_PYQWEN_DELTANET_PREP_CUDA_MAX_K - 1) // Qwen3.5 and Qwen3-Next: 3
@@ -329,10 +329,7 @@ int ggml_cuda_pyqwen_deltanet_try_fuse(ggml_backend_cuda_context & ctx, const gg
         return 0;
     }
     // the recurrence: the next node that computes anything, over views of the prep's output
-    int i_gdn = i + 1;
-    while (i_gdn < cgraph->n_nodes && ggml_op_is_empty(cgraph->nodes[i_gdn]->op)) {
-        ++i_gdn;
-    }
+    const int i_gdn = pyqwen_next_op(cgraph, i + 1);
     if (i_gdn >= cgraph->n_nodes) {
         return 0;
     }
@@ -351,10 +348,7 @@ int ggml_cuda_pyqwen_deltanet_try_fuse(ggml_backend_cuda_context & ctx, const gg
     }
     // the new state copied back onto the old: the next computing node, a CPY from the output's tail
     const ggml_tensor * state = gdn->src[5];
-    int i_cpy = i_gdn + 1;
-    while (i_cpy < cgraph->n_nodes && ggml_op_is_empty(cgraph->nodes[i_cpy]->op)) {
-        ++i_cpy;
-    }
+    const int i_cpy = pyqwen_next_op(cgraph, i_gdn + 1);
     if (i_cpy >= cgraph->n_nodes) {
         return 0;
     }
