@@ -26,6 +26,10 @@ bool ggml_cuda_pyqwen_fattn_decode(ggml_backend_cuda_context & ctx, ggml_tensor 
         return false;
     }
     const int rows = (int) (n_head/n_head_kv*n_q);
+    const size_t smem = pfa_smem((int) D, rows);
+    if (smem > ggml_cuda_info().devices[ctx.device].smpbo) {
+        return false; // the tiles do not fit (GPUs before Volta's 96 KB a block)
+    }
     const int chunk = pfa_chunk((int) n_kv, (int) n_head_kv, ggml_cuda_info().devices[ctx.device].nsm);
     const int nsplit = (int) ((n_kv + chunk - 1)/chunk);
     ggml_cuda_pool_alloc<float> partial(ctx.pool(), pfa_partial_floats((int) D, (int) n_head_kv, nsplit, rows));
@@ -38,10 +42,11 @@ bool ggml_cuda_pyqwen_fattn_decode(ggml_backend_cuda_context & ctx, ggml_tensor 
         (int) n_q, (int) n_kv, (int) n_head, (int) n_head_kv, chunk, scale,
     };
     const dim3 grid((unsigned) n_head_kv, (unsigned) nsplit);
-    const size_t smem = pfa_smem((int) D, rows);
     if (D == 128) {
+        CUDA_SET_SHARED_MEMORY_LIMIT(pyqwen_fattn_decode<128>, pfa_smem(128, PFA_MAX_ROWS));
         pyqwen_fattn_decode<128><<<grid, PFA_THREADS, smem, ctx.stream()>>>(a);
     } else {
+        CUDA_SET_SHARED_MEMORY_LIMIT(pyqwen_fattn_decode<256>, pfa_smem(256, PFA_MAX_ROWS));
         pyqwen_fattn_decode<256><<<grid, PFA_THREADS, smem, ctx.stream()>>>(a);
     }
     CUDA_CHECK(cudaGetLastError());

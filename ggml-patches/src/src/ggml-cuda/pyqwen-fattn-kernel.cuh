@@ -1,31 +1,40 @@
 // Decode attention for up to 8 query rows (query heads times tokens) over an f16 KV cache, split over the
-// cache within one launch (the seed article's decode kernel): CTA (h, s) takes kv head h's positions [s*chunk, (s + 1)*chunk) for the
-// G = n_head/n_head_kv query heads that read it (ggml's grouping: query head h*G + g), R = G*n_q rows in all,
-// and leaves each row's maximum score, sum of exponentials and exponential-weighted V sum; the last CTA of
-// kv head h to finish (an arrival counter per kv head, which wraps back to 0) combines the splits and writes
-// the rows. Eight lanes share a K row (three shuffles a score, not five), and the combine reads the partials
-// a float4 a thread with every split's load in flight (the first version, a lane a K dim and a thread a
-// split at a time, took 24 us a layer at depth 512 on the H200, bench/RESULTS.md). Upstream runs a vector
-// kernel and a separate combine kernel: 8.9 + 2.8 us a layer on the H200 for a 9B decode token at depth 512
-// (bench/RESULTS.md, the census at 62ec107), mostly fixed cost.
+// cache within one launch (the seed article's decode kernel): CTA (h, s) takes kv head h's positions
+// [s*chunk, (s + 1)*chunk) for the G = n_head/n_head_kv query heads that read it (ggml's grouping: query head
+// h*G + g), R = G*n_q rows in all, and leaves each row's maximum score, sum of exponentials and
+// exponential-weighted V sum; the last CTA of kv head h to finish (an arrival counter per kv head, which wraps
+// back to 0) combines the splits and writes the rows.
+// A CTA streams its positions as tiles of 32 K and V rows through PFA_STAGES buffers in shared memory (cp.async):
+// the copies of the next tiles are in flight while a tile is scored, so a CTA waits for memory once, not at
+// every tile. The version before, which loaded K and V into registers a block at a time, read the cache at 944
+// GB/s at depth 8192 and 1.4 TB/s at depth 32640 on the H200 (35.5 and 96.8 us a layer, bench/RESULTS.md).
+// Upstream runs a vector kernel and a separate combine kernel: 8.9 + 2.8 us a layer on the H200 for a 9B decode
+// token at depth 512 (bench/RESULTS.md, the census at 62ec107), mostly fixed cost.
 // ggml calls it for FLASH_ATTN_EXT where it applies (pyqwen-fattn-decode.cu); bench/fattn_decode_bench.cu
 // checks and times it standalone.
 #pragma once
 
 #include "common.cuh"
+#include "cp-async.cuh"
 
 #include <algorithm>
 #include <type_traits>
 
-// PFA_THREADS and PFA_SUB may be set at build time: fattn_decode_bench is built with other values to compare.
+// PFA_THREADS and PFA_STAGES may be set at build time: fattn_decode_bench is built with other values to compare.
 #ifndef PFA_THREADS
 #define PFA_THREADS  128 // 4 warps
 #endif // PFA_THREADS
-#ifndef PFA_SUB
-#define PFA_SUB      64  // positions scored at a time (online softmax over a CTA's chunk); the most splits
-#endif // PFA_SUB
-#define PFA_MAX_ROWS 8   // G*n_q: a decode token's 4 query heads a kv head (Qwen3.5) times 2 rows
-#define PFA_ROW_LANES 8  // lanes that share a K row, a lane D/8 of its dims
+#ifndef PFA_STAGES
+#if defined(GGML_USE_HIP)
+#define PFA_STAGES   1   // no asynchronous copies: a second stage would only take LDS
+#else
+#define PFA_STAGES   3   // tiles of K and V in shared memory: the one being read and two on their way
+#endif // defined(GGML_USE_HIP)
+#endif // PFA_STAGES
+#define PFA_TILE       32 // positions a tile (a lane each in the softmax)
+#define PFA_MAX_SPLITS 64 // splits of a kv head's positions, at most (the combine's weights fill a row of sc)
+#define PFA_MAX_ROWS   8  // G*n_q: a decode token's 4 query heads a kv head (Qwen3.5) times 2 rows
+#define PFA_ROW_LANES  8  // lanes that share a K row, a lane its 16-byte chunks sub + 8j
 
 struct pfa_args {
     const float  * q;        // query row i, head j, dim d at q[i*q_row + j*q_head + d] (16-byte aligned rows)
@@ -47,27 +56,52 @@ static constexpr __host__ __device__ int pfa_row(const int D) {
     return D + 4;
 }
 
-// A query row's floats in shared memory: 8 segments of D/8 dims, each padded by 4 floats so that the 8 lanes
-// reading one float4 of their segments hit distinct banks.
-static constexpr __host__ __device__ int pfa_q_row(const int D) {
-    return PFA_ROW_LANES*(D/PFA_ROW_LANES + 4);
+// Where dim d of a query row sits in shared memory. Lane `sub` of a K row's 8 reads its 16-byte chunks sub + 8j
+// and their 8 queries as two float4s; the 8 lanes' first float4s lie side by side, then their second ones, so
+// that each quarter warp reads 128 contiguous bytes (no bank conflicts).
+static __device__ __forceinline__ int pfa_q_index(const int d) {
+    const int chunk = d / 8, e = d % 8;
+    return (((chunk / PFA_ROW_LANES)*2 + e / 4)*PFA_ROW_LANES + chunk % PFA_ROW_LANES)*4 + e % 4;
 }
 
-// Shared memory of a CTA: the scaled queries, then the scores of PFA_SUB positions, R rows of each.
+// Shared memory of a CTA: PFA_STAGES tiles of K and V rows, then the scaled queries, then R rows of scores
+// (in the combine: the splits' weights).
 static size_t pfa_smem(const int D, const int rows) {
-    return (size_t) rows*(pfa_q_row(D) + PFA_SUB)*sizeof(float);
+    return (size_t) PFA_STAGES*2*PFA_TILE*D*sizeof(half) + (size_t) rows*(D + PFA_MAX_SPLITS)*sizeof(float);
 }
 
 static size_t pfa_partial_floats(const int D, const int n_head_kv, const int nsplit, const int rows) {
     return (size_t) n_head_kv*nsplit*rows*pfa_row(D);
 }
 
-// Positions a CTA: enough CTAs to cover the GPU twice, at least 32 positions each, at most PFA_SUB splits (the
-// combine's weights fill the score buffer). Deep caches want the splits: at depth 8192 on the H200, 64 splits
-// took 34.6 us a layer and 32 (the combine's reads capped at 128 rows) 48.5 (bench/RESULTS.md).
+// Positions a CTA, whole tiles: enough CTAs to cover the GPU twice (two fit an SM), at most PFA_MAX_SPLITS.
 static int pfa_chunk(const int n_kv, const int n_head_kv, const int nsm) {
-    const int want = std::max(1, std::min(2*nsm/n_head_kv, PFA_SUB));
-    return std::max(32, (n_kv + want - 1)/want);
+    const int want  = std::max(1, std::min(2*nsm/n_head_kv, PFA_MAX_SPLITS));
+    const int tiles = ((n_kv + want - 1)/want + PFA_TILE - 1)/PFA_TILE;
+    return tiles*PFA_TILE;
+}
+
+// 16 bytes from global to shared memory: asynchronous where the GPU can (cp.async, sm_80 on), in a group that
+// pfa_commit closes; pfa_wait<n> returns when at most n of this thread's groups are still in flight.
+static __device__ __forceinline__ void pfa_copy16(void * dst, const void * src) {
+#ifdef CP_ASYNC_AVAILABLE
+    cp_async_cg_16<0>(ggml_cuda_cvta_generic_to_shared(dst), src);
+#else
+    *(uint4 *) dst = *(const uint4 *) src;
+#endif // CP_ASYNC_AVAILABLE
+}
+
+static __device__ __forceinline__ void pfa_commit() {
+#ifdef CP_ASYNC_AVAILABLE
+    asm volatile("cp.async.commit_group;");
+#endif // CP_ASYNC_AVAILABLE
+}
+
+template <int n>
+static __device__ __forceinline__ void pfa_wait() {
+#ifdef CP_ASYNC_AVAILABLE
+    asm volatile("cp.async.wait_group %0;" : : "n"(n));
+#endif // CP_ASYNC_AVAILABLE
 }
 
 // Another CTA's partial result, from L2 (HIP has no __ldcg: volatile, past the L1 on either vendor).
@@ -104,34 +138,53 @@ static __device__ __forceinline__ void pfa_to_floats(const pfa_halves<n> & raw, 
     }
 }
 
-template <int n>
-static __device__ __forceinline__ void pfa_load_halves(const half * p, float * f) {
-    pfa_to_floats<n>(*(const pfa_halves<n> *) p, f);
-}
-
 template <int D>
 static __global__ void __launch_bounds__(PFA_THREADS)
 pyqwen_fattn_decode(const pfa_args a) {
-    constexpr int SEG  = D/PFA_ROW_LANES;            // dims of a K row a lane reads
-    constexpr int QSEG = SEG + 4;                    // a segment's stride in qs
-    constexpr int QROW = pfa_q_row(D), ROW = pfa_row(D);
+    constexpr int NCH  = D/(8*PFA_ROW_LANES);        // 16-byte chunks of a K row a lane reads
     constexpr int PW   = WARP_SIZE/PFA_ROW_LANES;    // positions a warp scores at once
-    constexpr int VD   = D/WARP_SIZE;                // dims of V a lane accumulates (a warp every NW-th position)
     constexpr int NW   = PFA_THREADS/WARP_SIZE;
+    constexpr int U    = PFA_TILE/(NW*PW);           // positions a lane scores a tile
+    constexpr int VD   = D/WARP_SIZE;                // dims of V a lane accumulates (a warp every NW-th position)
+    constexpr int ROW  = pfa_row(D);
     constexpr int COLS = D/4;                        // float4 columns of a row, in the combine
-    constexpr int MR   = (PFA_MAX_ROWS + NW - 1)/NW;   // rows a warp takes in the softmax
-    static_assert(SEG % 8 == 0 && (VD == 4 || VD == 8) && PFA_THREADS % COLS == 0 && PFA_SUB % WARP_SIZE == 0,
-                  "whole uint4 K loads, uint2 or uint4 V loads, whole warps of a block's positions");
+    constexpr int MR   = (PFA_MAX_ROWS + NW - 1)/NW; // rows a warp takes in the softmax
+    constexpr int TC   = PFA_TILE*D/8;               // 16-byte chunks of a tile's K (or V) rows
+    constexpr int SC   = PFA_MAX_SPLITS;             // a row's stride in sc
+    static_assert(NCH >= 1 && U >= 1 && PFA_TILE % (NW*PW) == 0 && PFA_TILE == WARP_SIZE && (VD == 4 || VD == 8) &&
+                  PFA_THREADS % COLS == 0 && (2*TC) % PFA_THREADS == 0 && PFA_STAGES >= 1 && SC >= PFA_TILE,
+                  "whole chunks a lane, whole tiles a CTA, a lane a position in the softmax");
     const int h = blockIdx.x, split = blockIdx.y, nsplit = gridDim.y;
     const int G = a.n_head/a.n_head_kv, R = G*a.n_q;
     const int t = threadIdx.x, lane = t % WARP_SIZE, warp = t / WARP_SIZE;
-    const int sub = lane % PFA_ROW_LANES, pw = lane / PFA_ROW_LANES; // a lane's K segment and position
+    const int sub = lane % PFA_ROW_LANES, pw = lane / PFA_ROW_LANES; // a lane's K chunks and position
     const int p0 = split*a.chunk, p1 = min(a.n_kv, p0 + a.chunk);
-    extern __shared__ float smem[];
-    float * qs = smem;            // [R][QROW]
-    float * sc = smem + R*QROW;   // [R][PFA_SUB]: scores, then weights; in the combine, the splits' weights
+    const int ntiles = (p1 - p0 + PFA_TILE - 1)/PFA_TILE;
+    extern __shared__ __align__(16) unsigned char pfa_smem_raw[];
+    half  * tiles = (half *) pfa_smem_raw;                       // [PFA_STAGES][K, V][PFA_TILE][D]
+    float * qs    = (float *) (tiles + PFA_STAGES*2*PFA_TILE*D); // [R][D], a row's dims placed by pfa_q_index
+    float * sc    = qs + R*D;                                    // [R][SC]: scores, then weights
     __shared__ float row_max[PFA_MAX_ROWS], row_sum[PFA_MAX_ROWS], corr[PFA_MAX_ROWS];
     __shared__ bool last;
+
+    // tile i's K and V rows into stage i % PFA_STAGES, one group of copies a tile (an empty group past the last
+    // tile, so that pfa_wait counts alike every tile); rows past the split repeat its last row, scored as masked
+    const auto issue = [&](const int i) {
+        if (i < ntiles) {
+            half * stage = tiles + (i % PFA_STAGES)*2*PFA_TILE*D;
+#pragma unroll
+            for (int c = t; c < 2*TC; c += PFA_THREADS) {
+                const int kv = c / TC, pl = c % TC / (D/8), col = c % (D/8);
+                const int64_t p = min(p0 + i*PFA_TILE + pl, p1 - 1);
+                pfa_copy16(stage + (kv*PFA_TILE + pl)*D + 8*col, (kv ? a.v : a.k) + p*a.kv_pos + h*a.kv_head + 8*col);
+            }
+        }
+        pfa_commit();
+    };
+#pragma unroll
+    for (int i = 0; i < PFA_STAGES - 1; ++i) {
+        issue(i);
+    }
 
     // row r = i*G + g: query row i of head h*G + g; a float4 a thread at a time, the loads unrolled so that
     // they are in flight together (q was just written: one L2 round trip, not one a float)
@@ -139,107 +192,89 @@ pyqwen_fattn_decode(const pfa_args a) {
     for (int e = 4*t; e < R*D; e += 4*PFA_THREADS) {
         const int r = e / D, d = e % D;
         const float4 v = *(const float4 *) (a.q + (r / G)*a.q_row + (h*G + r % G)*a.q_head + d);
-        *(float4 *) (qs + r*QROW + (d / SEG)*QSEG + d % SEG) = make_float4(v.x*a.scale, v.y*a.scale, v.z*a.scale, v.w*a.scale);
+        *(float4 *) (qs + r*D + pfa_q_index(d)) = make_float4(v.x*a.scale, v.y*a.scale, v.z*a.scale, v.w*a.scale);
     }
     if (t < R) {
         row_max[t] = -INFINITY;
         row_sum[t] = 0.0f;
     }
     float acc[PFA_MAX_ROWS][VD] = {};
-    __syncthreads();
-
-    for (int b0 = p0; b0 < p1; b0 += PFA_SUB) {
-        const int nb = min(PFA_SUB, p1 - b0);
-        // this warp's V rows of the block and its rows' mask, loaded first: their latency passes under the
-        // scores' K loads instead of following them
-        pfa_halves<VD> vraw[PFA_SUB/NW];
-#pragma unroll
-        for (int i = 0; i < PFA_SUB/NW; ++i) {
-            const int pl = min(warp + i*NW, nb - 1);
-            vraw[i] = *(const pfa_halves<VD> *) (a.v + (b0 + pl)*a.kv_pos + h*a.kv_head + lane*VD);
-        }
-        float mv[MR][PFA_SUB/WARP_SIZE];
+    // the mask at tile i of this warp's softmax rows, a lane a position; loaded a tile ahead of its use
+    const auto load_mask = [&](const int i, float * mv) {
 #pragma unroll
         for (int k = 0; k < MR; ++k) {
-            const int r = warp + k*NW;
-            const half * mrow = a.mask && r < R ? a.mask + (r / G)*a.mask_row + b0 : nullptr;
+            const int r = warp + k*NW, p = p0 + i*PFA_TILE + lane;
+            mv[k] = a.mask && r < R && p < p1 ? __half2float(a.mask[(r / G)*a.mask_row + p]) : 0.0f;
+        }
+    };
+    float mv[MR];
+    load_mask(0, mv);
+
+    for (int i = 0; i < ntiles; ++i) {
+        issue(i + PFA_STAGES - 1);
+        pfa_wait<PFA_STAGES - 1>(); // this thread's copies of tile i have landed
+        __syncthreads();            // and everyone's
+        const half * kt = tiles + (i % PFA_STAGES)*2*PFA_TILE*D, * vt = kt + PFA_TILE*D;
+        const int nb = min(PFA_TILE, p1 - p0 - i*PFA_TILE);
+        // scores: lane group pw of warp w takes positions (w*U + u)*PW + pw, 8 lanes a position
+        float kf[U][8*NCH];
 #pragma unroll
-            for (int i = 0; i < PFA_SUB/WARP_SIZE; ++i) {
-                const int pl = lane + i*WARP_SIZE;
-                mv[k][i] = mrow && pl < nb ? __half2float(mrow[pl]) : 0.0f;
+        for (int u = 0; u < U; ++u) {
+#pragma unroll
+            for (int j = 0; j < NCH; ++j) {
+                pfa_to_floats<8>(*(const uint4 *) (kt + ((warp*U + u)*PW + pw)*D + 8*(sub + PFA_ROW_LANES*j)), &kf[u][8*j]);
             }
         }
-        // scores: a warp 2*PW positions a pass (their K loads in flight together), 8 lanes a position
-        for (int pl0 = warp*2*PW; pl0 < nb; pl0 += NW*2*PW) {
-            float kf[2][SEG];
+        for (int r = 0; r < R; ++r) {
+            const float4 * qp = (const float4 *) (qs + r*D);
+            float s[U] = {};
 #pragma unroll
-            for (int u = 0; u < 2; ++u) {
-                const int p = min(b0 + pl0 + u*PW + pw, p1 - 1);
+            for (int j = 0; j < NCH; ++j) {
+                const float4 q0 = qp[2*j*PFA_ROW_LANES + sub], q1 = qp[(2*j + 1)*PFA_ROW_LANES + sub];
 #pragma unroll
-                for (int j = 0; j < SEG/8; ++j) {
-                    pfa_load_halves<8>(a.k + p*a.kv_pos + h*a.kv_head + sub*SEG + 8*j, &kf[u][8*j]);
+                for (int u = 0; u < U; ++u) {
+                    const float * kj = &kf[u][8*j];
+                    s[u] += q0.x*kj[0] + q0.y*kj[1] + q0.z*kj[2] + q0.w*kj[3] + q1.x*kj[4] + q1.y*kj[5] + q1.z*kj[6] + q1.w*kj[7];
                 }
             }
-            for (int r = 0; r < R; ++r) {
-                const float4 * qp = (const float4 *) (qs + r*QROW + sub*QSEG);
-                float s[2] = {0.0f, 0.0f};
 #pragma unroll
-                for (int j = 0; j < SEG/4; ++j) {
-                    const float4 qv = qp[j];
+            for (int u = 0; u < U; ++u) {
 #pragma unroll
-                    for (int u = 0; u < 2; ++u) {
-                        s[u] += qv.x*kf[u][4*j] + qv.y*kf[u][4*j + 1] + qv.z*kf[u][4*j + 2] + qv.w*kf[u][4*j + 3];
-                    }
+                for (int o = PFA_ROW_LANES/2; o > 0; o >>= 1) {
+                    s[u] += __shfl_xor_sync(0xffffffff, s[u], o, WARP_SIZE);
                 }
-#pragma unroll
-                for (int u = 0; u < 2; ++u) {
-#pragma unroll
-                    for (int o = PFA_ROW_LANES/2; o > 0; o >>= 1) {
-                        s[u] += __shfl_xor_sync(0xffffffff, s[u], o, WARP_SIZE);
-                    }
-                    const int pl = pl0 + u*PW + pw;
-                    if (sub == 0 && pl < nb) {
-                        sc[r*PFA_SUB + pl] = s[u];
-                    }
+                if (sub == 0) {
+                    sc[r*SC + (warp*U + u)*PW + pw] = s[u];
                 }
             }
         }
+        float mv_next[MR];
+        load_mask(i + 1, mv_next);
         __syncthreads();
-        // online softmax, a warp a row: the mask added, each row's new maximum, the old sums' correction, the
-        // block's weights
+        // online softmax, a warp a row and a lane a position: the mask added, the row's new maximum, the old
+        // sums' correction, the tile's weights (zero past the split)
 #pragma unroll
         for (int k = 0; k < MR; ++k) {
             const int r = warp + k*NW;
             if (r >= R) {
                 break;
             }
-            float m = -INFINITY;
-#pragma unroll
-            for (int i = 0; i < PFA_SUB/WARP_SIZE; ++i) {
-                const int pl = lane + i*WARP_SIZE;
-                if (pl < nb) {
-                    sc[r*PFA_SUB + pl] += mv[k][i];
-                    m = fmaxf(m, sc[r*PFA_SUB + pl]);
-                }
-            }
-            m = fmaxf(warp_reduce_max(m), row_max[r]);
-            float l = 0.0f;
-            for (int pl = lane; pl < nb; pl += WARP_SIZE) {
-                const float w = m == -INFINITY ? 0.0f : expf(sc[r*PFA_SUB + pl] - m);
-                sc[r*PFA_SUB + pl] = w;
-                l += w;
-            }
-            l = warp_reduce_sum(l);
+            const float x = lane < nb ? sc[r*SC + lane] + mv[k] : -INFINITY;
+            const float m = fmaxf(warp_reduce_max(x), row_max[r]);
+            const float w = m == -INFINITY ? 0.0f : expf(x - m);
+            sc[r*SC + lane] = w;
+            const float l = warp_reduce_sum(w);
             if (lane == 0) {
                 const float c = row_max[r] == -INFINITY ? 0.0f : expf(row_max[r] - m);
                 corr[r] = c;
                 row_sum[r] = row_sum[r]*c + l;
                 row_max[r] = m;
             }
+            mv[k] = mv_next[k];
         }
         __syncthreads();
-        // the weighted V sums: a warp every NW-th position, a lane VD dims of every row, from the rows loaded
-        // before the scores; the warps' sums meet once, after the last block
+        // the weighted V sums: a warp every NW-th position, a lane VD dims of every row; the warps' sums meet
+        // once, after the last tile
 #pragma unroll
         for (int r = 0; r < PFA_MAX_ROWS; ++r) {
             if (r < R) {
@@ -250,17 +285,14 @@ pyqwen_fattn_decode(const pfa_args a) {
             }
         }
 #pragma unroll
-        for (int i = 0; i < PFA_SUB/NW; ++i) {
-            const int pl = warp + i*NW;
-            if (pl >= nb) {
-                break;
-            }
+        for (int jj = 0; jj < PFA_TILE/NW; ++jj) {
+            const int pl = warp + jj*NW;
             float vf[VD];
-            pfa_to_floats<VD>(vraw[i], vf);
+            pfa_to_floats<VD>(*(const pfa_halves<VD> *) (vt + pl*D + lane*VD), vf);
 #pragma unroll
             for (int r = 0; r < PFA_MAX_ROWS; ++r) {
                 if (r < R) {
-                    const float w = sc[r*PFA_SUB + pl];
+                    const float w = sc[r*SC + pl];
 #pragma unroll
                     for (int j = 0; j < VD; ++j) {
                         acc[r][j] += w*vf[j];
@@ -268,12 +300,11 @@ pyqwen_fattn_decode(const pfa_args a) {
                 }
             }
         }
-        __syncthreads(); // sc is rewritten by the next block
+        __syncthreads(); // the stage and sc are rewritten next tile
     }
 
-    // the warps' sums, one warp after another into smem (free now: R*D floats fit in qs), then warp 0 writes
-    // the partial row
-    float * red = smem;
+    // the warps' sums, one warp after another into qs (free now), then warp 0 writes the partial row
+    float * red = qs;
     for (int w = 1; w < NW; ++w) {
         if (warp == w) {
 #pragma unroll
@@ -329,7 +360,7 @@ pyqwen_fattn_decode(const pfa_args a) {
             const float * ps = all + ((int64_t) s*R + r)*ROW;
             const float m = pfa_load_l2(ps + D);
             const float w = m == -INFINITY ? 0.0f : expf(m - M);
-            sc[r*PFA_SUB + s] = w;
+            sc[r*SC + s] = w;
             L += w*pfa_load_l2(ps + D + 1);
         }
         L = warp_reduce_sum(L);
@@ -345,7 +376,7 @@ pyqwen_fattn_decode(const pfa_args a) {
         float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 #pragma unroll 16
         for (int s = 0; s < nsplit; ++s) {
-            const float w = sc[r*PFA_SUB + s];
+            const float w = sc[r*SC + s];
             const float4 v = pfa_load_l2((const float4 *) (all + ((int64_t) s*R + r)*ROW) + c);
             o.x += w*v.x;
             o.y += w*v.y;
