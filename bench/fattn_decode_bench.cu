@@ -3,7 +3,7 @@
 // random queries and f16 caches, with masked positions, for 1 and 2 query rows (4 heads each) and depths up to 8192, outputs
 // poisoned first; then the 9B shape's 8 attention layers (16 query heads, 4 kv heads of 256) timed in a
 // CUDA graph at depths 512, 8192 and 32640, 1 and 2 rows, to set beside upstream's 8.9 + 2.8 us a layer at
-// depth 512 (the census). -DPFA_THREADS=256 or -DPFA_STAGES=2 build the kernel's other sizes. Builds in seconds
+// depth 512 (the census). -DPFA_STAGES=2 or 4 builds the kernel with other pipeline depths. Builds in seconds
 // from the patched tree:
 //   G=vendor/ggml; nvcc -std=c++17 -O3 -arch=sm_90 -use_fast_math -extended-lambda -I$G/include -I$G/src \
 //     -I$G/src/ggml-cuda -DGGML_USE_CUDA bench/fattn_decode_bench.cu -o /tmp/fattn_decode_bench
@@ -26,9 +26,8 @@ struct attn_shape { int n_head, n_head_kv, D; };
 
 template <int D>
 static void launch(const pfa_args & a, int nsplit, cudaStream_t st) {
-    const size_t smem = pfa_smem(D, a.n_head/a.n_head_kv*a.n_q);
-    CUDA_CHECK(cudaFuncSetAttribute(pyqwen_fattn_decode<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int) pfa_smem(D, PFA_MAX_ROWS)));
-    pyqwen_fattn_decode<D><<<dim3(a.n_head_kv, nsplit), PFA_THREADS, smem, st>>>(a);
+    CUDA_CHECK(cudaFuncSetAttribute(pyqwen_fattn_decode<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int) pfa_smem(D)));
+    pyqwen_fattn_decode<D><<<dim3(a.n_head_kv, nsplit), PFA_THREADS, pfa_smem(D), st>>>(a);
 }
 
 struct device_buf {
@@ -60,8 +59,8 @@ int main() {
     device_buf dk(hk.size()*sizeof(half)), dv(hv.size()*sizeof(half));
     CUDA_CHECK(cudaMemcpy(dk.p, hk.data(), hk.size()*sizeof(half), cudaMemcpyHostToDevice));
     CUDA_CHECK(cudaMemcpy(dv.p, hv.data(), hv.size()*sizeof(half), cudaMemcpyHostToDevice));
-    device_buf arrivals(64*sizeof(unsigned int));
-    CUDA_CHECK(cudaMemset(arrivals.p, 0, 64*sizeof(unsigned int)));
+    device_buf arrivals(pfa_arrivals(sh.n_head_kv)*sizeof(unsigned int));
+    CUDA_CHECK(cudaMemset(arrivals.p, 0, pfa_arrivals(sh.n_head_kv)*sizeof(unsigned int)));
     device_buf partial(pfa_partial_floats(D, sh.n_head_kv, PFA_MAX_SPLITS, PFA_MAX_ROWS)*sizeof(float));
 
     for (int n_kv : {1, 37, 512, 8192}) {
@@ -130,7 +129,7 @@ int main() {
 
     // 8 layers (the 9B shape's attention layers), each its own cache region, one graph
     // pfa_chunk's split and half and twice its chunk, to tune it by
-    printf("\nPFA_THREADS %d, PFA_STAGES %d\n", PFA_THREADS, PFA_STAGES);
+    printf("\nPFA_STAGES %d\n", PFA_STAGES);
     printf("\n| depth | rows | chunk | us a layer (8 layers in a graph) | K and V read, GB/s | splits |\n|---|---|---|---|---|---|\n");
     for (int n_kv : {512, 8192, 32640}) {
         for (int n_q : {1, 2}) {

@@ -26,9 +26,9 @@ bool ggml_cuda_pyqwen_fattn_decode(ggml_backend_cuda_context & ctx, ggml_tensor 
         return false;
     }
     const int rows = (int) (n_head/n_head_kv*n_q);
-    const size_t smem = pfa_smem((int) D, rows);
-    if (smem > ggml_cuda_info().devices[ctx.device].smpbo) {
-        return false; // the tiles do not fit (GPUs before Volta's 96 KB a block)
+    const int cc = ggml_cuda_info().devices[ctx.device].cc;
+    if (!cp_async_available(cc) || pfa_smem(D) > ggml_cuda_info().devices[ctx.device].smpbo) {
+        return false; // the kernel needs cp.async and mma (NVIDIA, Ampere on) and 108 KB of shared memory (D = 256)
     }
     const int chunk = pfa_chunk((int) n_kv, (int) n_head_kv, ggml_cuda_info().devices[ctx.device].nsm);
     const int nsplit = (int) ((n_kv + chunk - 1)/chunk);
@@ -38,16 +38,16 @@ bool ggml_cuda_pyqwen_fattn_decode(ggml_backend_cuda_context & ctx, ggml_tensor 
         (const half *) K->data, (const half *) V->data, (int64_t) (K->nb[1]/sizeof(half)), (int64_t) (K->nb[2]/sizeof(half)),
         mask ? (const half *) mask->data : nullptr, mask ? (int64_t) (mask->nb[1]/sizeof(half)) : 0,
         (float *) dst->data, (int64_t) (dst->nb[2]/sizeof(float)), (int64_t) (dst->nb[1]/sizeof(float)),
-        partial.get(), pyqwen_arrivals(ctx.stream(), (int) n_head_kv),
+        partial.get(), pyqwen_arrivals(ctx.stream(), pfa_arrivals((int) n_head_kv)),
         (int) n_q, (int) n_kv, (int) n_head, (int) n_head_kv, chunk, scale,
     };
     const dim3 grid((unsigned) n_head_kv, (unsigned) nsplit);
     if (D == 128) {
-        CUDA_SET_SHARED_MEMORY_LIMIT(pyqwen_fattn_decode<128>, pfa_smem(128, PFA_MAX_ROWS));
-        pyqwen_fattn_decode<128><<<grid, PFA_THREADS, smem, ctx.stream()>>>(a);
+        CUDA_SET_SHARED_MEMORY_LIMIT(pyqwen_fattn_decode<128>, pfa_smem(128));
+        pyqwen_fattn_decode<128><<<grid, PFA_THREADS, pfa_smem(128), ctx.stream()>>>(a);
     } else {
-        CUDA_SET_SHARED_MEMORY_LIMIT(pyqwen_fattn_decode<256>, pfa_smem(256, PFA_MAX_ROWS));
-        pyqwen_fattn_decode<256><<<grid, PFA_THREADS, smem, ctx.stream()>>>(a);
+        CUDA_SET_SHARED_MEMORY_LIMIT(pyqwen_fattn_decode<256>, pfa_smem(256));
+        pyqwen_fattn_decode<256><<<grid, PFA_THREADS, pfa_smem(256), ctx.stream()>>>(a);
     }
     CUDA_CHECK(cudaGetLastError());
     return true;

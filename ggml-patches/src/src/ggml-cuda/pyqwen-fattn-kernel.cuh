@@ -18,23 +18,18 @@
 #include "cp-async.cuh"
 
 #include <algorithm>
-#include <type_traits>
 
-// PFA_THREADS and PFA_STAGES may be set at build time: fattn_decode_bench is built with other values to compare.
-#ifndef PFA_THREADS
-#define PFA_THREADS  128 // 4 warps
-#endif // PFA_THREADS
+// PFA_STAGES may be set at build time: fattn_decode_bench is built with other values to compare.
 #ifndef PFA_STAGES
-#if defined(GGML_USE_HIP)
-#define PFA_STAGES   1   // no asynchronous copies: a second stage would only take LDS
-#else
 #define PFA_STAGES   3   // tiles of K and V in shared memory: the one being read and two on their way
-#endif // defined(GGML_USE_HIP)
 #endif // PFA_STAGES
-#define PFA_TILE       32 // positions a tile (a lane each in the softmax)
-#define PFA_MAX_SPLITS 64 // splits of a kv head's positions, at most (the combine's weights fill a row of sc)
-#define PFA_MAX_ROWS   8  // G*n_q: a decode token's 4 query heads a kv head (Qwen3.5) times 2 rows
-#define PFA_ROW_LANES  8  // lanes that share a K row, a lane its 16-byte chunks sub + 8j
+#define PFA_THREADS    128 // 4 warps: a warp scores 8 positions of a tile and sums D/4 dims of V
+#define PFA_TILE       32  // positions a tile (a lane each in the softmax)
+#define PFA_MAX_SPLITS 64  // splits of a kv head's positions, at most (the merge's weights fill a row of sc)
+#define PFA_GROUP      8   // splits merged by the last of them to finish, before the groups are merged
+#define PFA_MAX_GROUPS (PFA_MAX_SPLITS/PFA_GROUP)
+#define PFA_MAX_ROWS   8   // G*n_q, the n of the mma tiles: a decode token's 4 query heads a kv head (Qwen3.5) times 2
+#define PFA_PAD        8   // halves after each K, V and q row in shared memory: rows 8 apart start 4 banks apart
 
 struct pfa_args {
     const float  * q;        // query row i, head j, dim d at q[i*q_row + j*q_head + d] (16-byte aligned rows)
@@ -46,7 +41,7 @@ struct pfa_args {
     float        * dst;      // row i, head j, dim d at dst[i*dst_row + j*dst_head + d]
     int64_t        dst_row, dst_head;
     float        * partial;  // [kv head][split][R][pfa_row(D)]: weighted V sums, max, sum, padding
-    unsigned int * arrivals; // [kv head]: zero, and left zero
+    unsigned int * arrivals; // [kv head][group], then [kv head]: zero, and left zero (pfa_arrivals of them)
     int            n_q, n_kv, n_head, n_head_kv, chunk;
     float          scale;
 };
@@ -56,18 +51,23 @@ static constexpr __host__ __device__ int pfa_row(const int D) {
     return D + 4;
 }
 
-// Where dim d of a query row sits in shared memory. Lane `sub` of a K row's 8 reads its 16-byte chunks sub + 8j
-// and their 8 queries as two float4s; the 8 lanes' first float4s lie side by side, then their second ones, so
-// that each quarter warp reads 128 contiguous bytes (no bank conflicts).
-static __device__ __forceinline__ int pfa_q_index(const int d) {
-    const int chunk = d / 8, e = d % 8;
-    return (((chunk / PFA_ROW_LANES)*2 + e / 4)*PFA_ROW_LANES + chunk % PFA_ROW_LANES)*4 + e % 4;
+// Shared memory of a CTA: PFA_STAGES tiles of K and V rows, the queries (f16), the scores of a tile (in the
+// combine: the splits' weights), the weights of a tile (f16).
+static constexpr __host__ __device__ int pfa_stride(const int D) {
+    return D + PFA_PAD;
 }
 
-// Shared memory of a CTA: PFA_STAGES tiles of K and V rows, then the scaled queries, then R rows of scores
-// (in the combine: the splits' weights).
-static size_t pfa_smem(const int D, const int rows) {
-    return (size_t) PFA_STAGES*2*PFA_TILE*D*sizeof(half) + (size_t) rows*(D + PFA_MAX_SPLITS)*sizeof(float);
+static constexpr __host__ __device__ int pfa_p_stride() {
+    return PFA_TILE + PFA_PAD; // 20 words: the 8 rows' words c of an mma fragment in 8 distinct bank quads
+}
+
+static constexpr __host__ __device__ size_t pfa_smem(const int D) {
+    return (size_t) (PFA_STAGES*2*PFA_TILE + PFA_MAX_ROWS)*pfa_stride(D)*sizeof(half) +
+           (size_t) PFA_MAX_ROWS*PFA_MAX_SPLITS*sizeof(float) + (size_t) PFA_MAX_ROWS*pfa_p_stride()*sizeof(half);
+}
+
+static constexpr int pfa_arrivals(const int n_head_kv) {
+    return n_head_kv*(PFA_MAX_GROUPS + 1);
 }
 
 static size_t pfa_partial_floats(const int D, const int n_head_kv, const int nsplit, const int rows) {
@@ -81,16 +81,8 @@ static int pfa_chunk(const int n_kv, const int n_head_kv, const int nsm) {
     return tiles*PFA_TILE;
 }
 
-// 16 bytes from global to shared memory: asynchronous where the GPU can (cp.async, sm_80 on), in a group that
-// pfa_commit closes; pfa_wait<n> returns when at most n of this thread's groups are still in flight.
-static __device__ __forceinline__ void pfa_copy16(void * dst, const void * src) {
-#ifdef CP_ASYNC_AVAILABLE
-    cp_async_cg_16<0>(ggml_cuda_cvta_generic_to_shared(dst), src);
-#else
-    *(uint4 *) dst = *(const uint4 *) src;
-#endif // CP_ASYNC_AVAILABLE
-}
-
+// cp.async in groups: pfa_commit closes this thread's group of copies, pfa_wait<n> returns when at most n of its
+// groups are still in flight (cp-async.cuh has the copy itself, and no groups).
 static __device__ __forceinline__ void pfa_commit() {
 #ifdef CP_ASYNC_AVAILABLE
     asm volatile("cp.async.commit_group;");
@@ -101,6 +93,39 @@ template <int n>
 static __device__ __forceinline__ void pfa_wait() {
 #ifdef CP_ASYNC_AVAILABLE
     asm volatile("cp.async.wait_group %0;" : : "n"(n));
+#endif // CP_ASYNC_AVAILABLE
+}
+
+// The tensor-core steps, with g = lane/4 and c = lane%4. mma m16n8k16, f16 in and f32 out: a holds rows g and
+// g + 8, columns 2c, 2c + 1 and 2c + 8, 2c + 9 of A (16 x 16, row-major); b holds rows 2c, 2c + 1 and 2c + 8,
+// 2c + 9 of B (16 x 8) in column g; d holds rows g and g + 8, columns 2c and 2c + 1 of D.
+static __device__ __forceinline__ void pfa_mma(float (&d)[4], const unsigned (&a)[4], const unsigned b0, const unsigned b1) {
+#ifdef CP_ASYNC_AVAILABLE
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#else
+    GGML_UNUSED_VARS(d, a, b0, b1);
+    NO_DEVICE_CODE;
+#endif // CP_ASYNC_AVAILABLE
+}
+
+// Four 8 x 8 f16 matrices: lane l gives the address of row l%8 of matrix l/8; word w of the result is the
+// matrix w's row g, columns 2c and 2c + 1, or with trans, its rows 2c and 2c + 1 of column g.
+template <bool trans>
+static __device__ __forceinline__ void pfa_ldmatrix4(unsigned (&r)[4], const half * row) {
+#ifdef CP_ASYNC_AVAILABLE
+    const unsigned addr = ggml_cuda_cvta_generic_to_shared((void *) row);
+    if constexpr (trans) {
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
+                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
+    } else {
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
+    }
+#else
+    GGML_UNUSED_VARS(r, row);
+    NO_DEVICE_CODE;
 #endif // CP_ASYNC_AVAILABLE
 }
 
@@ -122,48 +147,91 @@ static __device__ __forceinline__ float4 pfa_load_l2(const float4 * p) {
 #endif // defined(GGML_USE_HIP)
 }
 
-// n halves (4 or 8, aligned to their size) in one load, and as floats.
-template <int n>
-using pfa_halves = std::conditional_t<n == 8, uint4, uint2>;
-
-template <int n>
-static __device__ __forceinline__ void pfa_to_floats(const pfa_halves<n> & raw, float * f) {
-    static_assert(n == 4 || n == 8, "a uint2 or a uint4");
-    const half2 * h2 = (const half2 *) &raw;
-#pragma unroll
-    for (int e = 0; e < n/2; ++e) {
-        const float2 v = __half22float2(h2[e]);
-        f[2*e]     = v.x;
-        f[2*e + 1] = v.y;
+// Merges n partial results of kv head h's R rows (weighted V sums, maximum, sum), `stride` partials apart from
+// `in`, into the partial at `out` (which may be `in`: a thread writes what it alone read), or, where out is
+// nullptr, into the rows of dst. All threads of the CTA call it; sc, row_max and row_sum are its scratch.
+template <int D>
+static __device__ void pfa_merge(const pfa_args & a, const int h, const int R, const float * in, const int n, const int stride,
+                                 float * out, float * sc, float * row_max, float * row_sum) {
+    constexpr int ROW = pfa_row(D), COLS = D/4, NW = PFA_THREADS/WARP_SIZE, SC = PFA_MAX_SPLITS, GR = PFA_GROUP;
+    const int t = threadIdx.x, lane = t % WARP_SIZE, warp = t / WARP_SIZE, G = a.n_head/a.n_head_kv;
+    // a warp a row: the weights exp(m_s - M) into sc, the row's maximum and total
+    for (int r = warp; r < R; r += NW) {
+        float M = -INFINITY;
+        for (int s = lane; s < n; s += WARP_SIZE) {
+            M = fmaxf(M, pfa_load_l2(in + ((int64_t) s*stride*R + r)*ROW + D));
+        }
+        M = warp_reduce_max(M);
+        float L = 0.0f;
+        for (int s = lane; s < n; s += WARP_SIZE) {
+            const float * ps = in + ((int64_t) s*stride*R + r)*ROW;
+            const float m = pfa_load_l2(ps + D);
+            const float w = m == -INFINITY ? 0.0f : expf(m - M);
+            sc[r*SC + s] = w;
+            L += w*pfa_load_l2(ps + D + 1);
+        }
+        L = warp_reduce_sum(L);
+        if (lane == 0) {
+            row_max[r] = M;
+            row_sum[r] = L;
+        }
+    }
+    __syncthreads();
+    // a thread a float4 column of PFA_THREADS/COLS rows at a time, a group's loads in flight together
+    const int col = t % COLS;
+    for (int r = t / COLS; r < R; r += PFA_THREADS/COLS) {
+        float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll GR
+        for (int s = 0; s < n; ++s) {
+            const float w = sc[r*SC + s];
+            const float4 v = pfa_load_l2((const float4 *) (in + ((int64_t) s*stride*R + r)*ROW) + col);
+            o.x += w*v.x;
+            o.y += w*v.y;
+            o.z += w*v.z;
+            o.w += w*v.w;
+        }
+        if (out) {
+            *(float4 *) (out + r*ROW + 4*col) = o;
+            if (col == 0) {
+                out[r*ROW + D]     = row_max[r];
+                out[r*ROW + D + 1] = row_sum[r];
+            }
+        } else {
+            const float inv = row_sum[r] > 0.0f ? 1.0f/row_sum[r] : 0.0f;
+            float * dst = a.dst + (r / G)*a.dst_row + (h*G + r % G)*a.dst_head + 4*col;
+            dst[0] = o.x*inv;
+            dst[1] = o.y*inv;
+            dst[2] = o.z*inv;
+            dst[3] = o.w*inv;
+        }
     }
 }
 
 template <int D>
 static __global__ void __launch_bounds__(PFA_THREADS)
 pyqwen_fattn_decode(const pfa_args a) {
-    constexpr int NCH  = D/(8*PFA_ROW_LANES);        // 16-byte chunks of a K row a lane reads
-    constexpr int PW   = WARP_SIZE/PFA_ROW_LANES;    // positions a warp scores at once
+#ifdef CP_ASYNC_AVAILABLE
     constexpr int NW   = PFA_THREADS/WARP_SIZE;
-    constexpr int U    = PFA_TILE/(NW*PW);           // positions a lane scores a tile
-    constexpr int VD   = D/WARP_SIZE;                // dims of V a lane accumulates (a warp every NW-th position)
+    constexpr int KS   = pfa_stride(D);              // a K, V or q row's stride in shared memory, halves
+    constexpr int PS   = pfa_p_stride();
+    constexpr int DW   = D/NW;                       // dims of V a warp sums
     constexpr int ROW  = pfa_row(D);
-    constexpr int COLS = D/4;                        // float4 columns of a row, in the combine
-    constexpr int MR   = (PFA_MAX_ROWS + NW - 1)/NW; // rows a warp takes in the softmax
-    constexpr int TC   = PFA_TILE*D/8;               // 16-byte chunks of a tile's K (or V) rows
+    constexpr int MR   = PFA_MAX_ROWS/NW;            // rows a warp takes in the softmax
     constexpr int SC   = PFA_MAX_SPLITS;             // a row's stride in sc
-    static_assert(NCH >= 1 && U >= 1 && PFA_TILE % (NW*PW) == 0 && PFA_TILE == WARP_SIZE && (VD == 4 || VD == 8) &&
-                  PFA_THREADS % COLS == 0 && (2*TC) % PFA_THREADS == 0 && PFA_STAGES >= 1 && SC >= PFA_TILE,
-                  "whole chunks a lane, whole tiles a CTA, a lane a position in the softmax");
+    constexpr int RC   = D/8;                        // 16-byte chunks of a row
+    static_assert(PFA_TILE == NW*8 && PFA_TILE == WARP_SIZE && DW % 16 == 0 && PFA_MAX_ROWS % NW == 0 &&
+                  PFA_THREADS % (D/4) == 0 && PFA_THREADS % RC == 0 && SC >= PFA_TILE && PFA_STAGES >= 1,
+                  "a warp 8 positions (an mma's n) and whole 16-dim pairs of V, a lane a position in the softmax");
     const int h = blockIdx.x, split = blockIdx.y, nsplit = gridDim.y;
     const int G = a.n_head/a.n_head_kv, R = G*a.n_q;
-    const int t = threadIdx.x, lane = t % WARP_SIZE, warp = t / WARP_SIZE;
-    const int sub = lane % PFA_ROW_LANES, pw = lane / PFA_ROW_LANES; // a lane's K chunks and position
+    const int t = threadIdx.x, lane = t % WARP_SIZE, warp = t / WARP_SIZE, g = lane / 4, c = lane % 4;
     const int p0 = split*a.chunk, p1 = min(a.n_kv, p0 + a.chunk);
     const int ntiles = (p1 - p0 + PFA_TILE - 1)/PFA_TILE;
     extern __shared__ __align__(16) unsigned char pfa_smem_raw[];
-    half  * tiles = (half *) pfa_smem_raw;                       // [PFA_STAGES][K, V][PFA_TILE][D]
-    float * qs    = (float *) (tiles + PFA_STAGES*2*PFA_TILE*D); // [R][D], a row's dims placed by pfa_q_index
-    float * sc    = qs + R*D;                                    // [R][SC]: scores, then weights
+    half  * tiles = (half *) pfa_smem_raw;                      // [PFA_STAGES][K, V][PFA_TILE][KS]
+    half  * qh    = tiles + PFA_STAGES*2*PFA_TILE*KS;           // [PFA_MAX_ROWS][KS], zero past row R
+    float * sc    = (float *) (qh + PFA_MAX_ROWS*KS);           // [PFA_MAX_ROWS][SC]: a tile's scores
+    half  * ph    = (half *) (sc + PFA_MAX_ROWS*SC);            // [PFA_MAX_ROWS][PS]: a tile's weights, zero past row R
     __shared__ float row_max[PFA_MAX_ROWS], row_sum[PFA_MAX_ROWS], corr[PFA_MAX_ROWS];
     __shared__ bool last;
 
@@ -171,12 +239,13 @@ pyqwen_fattn_decode(const pfa_args a) {
     // tile, so that pfa_wait counts alike every tile); rows past the split repeat its last row, scored as masked
     const auto issue = [&](const int i) {
         if (i < ntiles) {
-            half * stage = tiles + (i % PFA_STAGES)*2*PFA_TILE*D;
+            half * stage = tiles + (i % PFA_STAGES)*2*PFA_TILE*KS;
+            const int col = t % RC;
 #pragma unroll
-            for (int c = t; c < 2*TC; c += PFA_THREADS) {
-                const int kv = c / TC, pl = c % TC / (D/8), col = c % (D/8);
-                const int64_t p = min(p0 + i*PFA_TILE + pl, p1 - 1);
-                pfa_copy16(stage + (kv*PFA_TILE + pl)*D + 8*col, (kv ? a.v : a.k) + p*a.kv_pos + h*a.kv_head + 8*col);
+            for (int pl = t / RC; pl < PFA_TILE; pl += PFA_THREADS/RC) {
+                const int64_t off = min(p0 + i*PFA_TILE + pl, p1 - 1)*a.kv_pos + h*a.kv_head + 8*col;
+                cp_async_cg_16<0>(ggml_cuda_cvta_generic_to_shared(stage + pl*KS + 8*col), a.k + off);
+                cp_async_cg_16<0>(ggml_cuda_cvta_generic_to_shared(stage + (PFA_TILE + pl)*KS + 8*col), a.v + off);
             }
         }
         pfa_commit();
@@ -186,19 +255,32 @@ pyqwen_fattn_decode(const pfa_args a) {
         issue(i);
     }
 
-    // row r = i*G + g: query row i of head h*G + g; a float4 a thread at a time, the loads unrolled so that
-    // they are in flight together (q was just written: one L2 round trip, not one a float)
-#pragma unroll 4
-    for (int e = 4*t; e < R*D; e += 4*PFA_THREADS) {
+    // row r = i*G + g: query row i of head h*G + g, scaled, as f16; the rows past R and the weights' zero
+    for (int e = 4*t; e < PFA_MAX_ROWS*D; e += 4*PFA_THREADS) {
         const int r = e / D, d = e % D;
-        const float4 v = *(const float4 *) (a.q + (r / G)*a.q_row + (h*G + r % G)*a.q_head + d);
-        *(float4 *) (qs + r*D + pfa_q_index(d)) = make_float4(v.x*a.scale, v.y*a.scale, v.z*a.scale, v.w*a.scale);
+        float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        if (r < R) {
+            v = *(const float4 *) (a.q + (r / G)*a.q_row + (h*G + r % G)*a.q_head + d);
+        }
+        *(half2 *) (qh + r*KS + d)     = __floats2half2_rn(v.x*a.scale, v.y*a.scale);
+        *(half2 *) (qh + r*KS + d + 2) = __floats2half2_rn(v.z*a.scale, v.w*a.scale);
+    }
+    for (int e = t; e < PFA_MAX_ROWS*PS; e += PFA_THREADS) {
+        ph[e] = __float2half(0.0f);
     }
     if (t < R) {
         row_max[t] = -INFINITY;
         row_sum[t] = 0.0f;
     }
-    float acc[PFA_MAX_ROWS][VD] = {};
+    __syncthreads();
+    // the queries as mma A fragments (rows 8..15 are zero), for the CTA's life
+    unsigned qa[D/16][2];
+#pragma unroll
+    for (int k = 0; k < D/16; ++k) {
+        qa[k][0] = *(const unsigned *) (qh + g*KS + 16*k + 2*c);
+        qa[k][1] = *(const unsigned *) (qh + g*KS + 16*k + 8 + 2*c);
+    }
+    float acc[DW/8][4] = {}; // O: rows g (and the zero rows g + 8), dims warp*DW + 8j + 2c, + 1
     // the mask at tile i of this warp's softmax rows, a lane a position; loaded a tile ahead of its use
     const auto load_mask = [&](const int i, float * mv) {
 #pragma unroll
@@ -214,180 +296,112 @@ pyqwen_fattn_decode(const pfa_args a) {
         issue(i + PFA_STAGES - 1);
         pfa_wait<PFA_STAGES - 1>(); // this thread's copies of tile i have landed
         __syncthreads();            // and everyone's
-        const half * kt = tiles + (i % PFA_STAGES)*2*PFA_TILE*D, * vt = kt + PFA_TILE*D;
+        const half * kt = tiles + (i % PFA_STAGES)*2*PFA_TILE*KS, * vt = kt + PFA_TILE*KS;
         const int nb = min(PFA_TILE, p1 - p0 - i*PFA_TILE);
-        // scores: lane group pw of warp w takes positions (w*U + u)*PW + pw, 8 lanes a position
-        float kf[U][8*NCH];
+        // scores S = Q K^T of this warp's 8 positions: B = K^T, its column n is position 8*warp + n
+        {
+            float s[4] = {};
 #pragma unroll
-        for (int u = 0; u < U; ++u) {
-#pragma unroll
-            for (int j = 0; j < NCH; ++j) {
-                pfa_to_floats<8>(*(const uint4 *) (kt + ((warp*U + u)*PW + pw)*D + 8*(sub + PFA_ROW_LANES*j)), &kf[u][8*j]);
+            for (int k = 0; k < D/16; k += 2) {
+                unsigned kb[4]; // dims 16k + 8m, m = 0..3, of the warp's 8 positions
+                pfa_ldmatrix4<false>(kb, kt + (8*warp + lane % 8)*KS + 16*k + 8*(lane / 8));
+                const unsigned a0[4] = {qa[k][0], 0u, qa[k][1], 0u}, a1[4] = {qa[k + 1][0], 0u, qa[k + 1][1], 0u};
+                pfa_mma(s, a0, kb[0], kb[1]);
+                pfa_mma(s, a1, kb[2], kb[3]);
             }
-        }
-        for (int r = 0; r < R; ++r) {
-            const float4 * qp = (const float4 *) (qs + r*D);
-            float s[U] = {};
-#pragma unroll
-            for (int j = 0; j < NCH; ++j) {
-                const float4 q0 = qp[2*j*PFA_ROW_LANES + sub], q1 = qp[(2*j + 1)*PFA_ROW_LANES + sub];
-#pragma unroll
-                for (int u = 0; u < U; ++u) {
-                    const float * kj = &kf[u][8*j];
-                    s[u] += q0.x*kj[0] + q0.y*kj[1] + q0.z*kj[2] + q0.w*kj[3] + q1.x*kj[4] + q1.y*kj[5] + q1.z*kj[6] + q1.w*kj[7];
-                }
-            }
-#pragma unroll
-            for (int u = 0; u < U; ++u) {
-#pragma unroll
-                for (int o = PFA_ROW_LANES/2; o > 0; o >>= 1) {
-                    s[u] += __shfl_xor_sync(0xffffffff, s[u], o, WARP_SIZE);
-                }
-                if (sub == 0) {
-                    sc[r*SC + (warp*U + u)*PW + pw] = s[u];
-                }
-            }
+            *(float2 *) (sc + g*SC + 8*warp + 2*c) = make_float2(s[0], s[1]);
         }
         float mv_next[MR];
         load_mask(i + 1, mv_next);
         __syncthreads();
         // online softmax, a warp a row and a lane a position: the mask added, the row's new maximum, the old
-        // sums' correction, the tile's weights (zero past the split)
+        // sums' correction, the tile's weights (zero past the split) as f16
 #pragma unroll
         for (int k = 0; k < MR; ++k) {
             const int r = warp + k*NW;
-            if (r >= R) {
-                break;
-            }
-            const float x = lane < nb ? sc[r*SC + lane] + mv[k] : -INFINITY;
-            const float m = fmaxf(warp_reduce_max(x), row_max[r]);
-            const float w = m == -INFINITY ? 0.0f : expf(x - m);
-            sc[r*SC + lane] = w;
-            const float l = warp_reduce_sum(w);
-            if (lane == 0) {
-                const float c = row_max[r] == -INFINITY ? 0.0f : expf(row_max[r] - m);
-                corr[r] = c;
-                row_sum[r] = row_sum[r]*c + l;
-                row_max[r] = m;
+            if (r < R) {
+                const float x = lane < nb ? sc[r*SC + lane] + mv[k] : -INFINITY;
+                const float m = fmaxf(warp_reduce_max(x), row_max[r]);
+                const float w = m == -INFINITY ? 0.0f : expf(x - m);
+                ph[r*PS + lane] = __float2half(w);
+                const float l = warp_reduce_sum(w);
+                if (lane == 0) {
+                    const float cr = row_max[r] == -INFINITY ? 0.0f : expf(row_max[r] - m);
+                    corr[r] = cr;
+                    row_sum[r] = row_sum[r]*cr + l;
+                    row_max[r] = m;
+                }
             }
             mv[k] = mv_next[k];
         }
         __syncthreads();
-        // the weighted V sums: a warp every NW-th position, a lane VD dims of every row; the warps' sums meet
-        // once, after the last tile
+        // O = corr O + P V over this warp's DW dims: A = P (rows g), B = V, two 8-dim n tiles a 4-matrix load
+        const float cg = g < R ? corr[g] : 0.0f;
 #pragma unroll
-        for (int r = 0; r < PFA_MAX_ROWS; ++r) {
-            if (r < R) {
-#pragma unroll
-                for (int j = 0; j < VD; ++j) {
-                    acc[r][j] *= corr[r];
-                }
-            }
+        for (int j = 0; j < DW/8; ++j) {
+            acc[j][0] *= cg;
+            acc[j][1] *= cg;
         }
 #pragma unroll
-        for (int jj = 0; jj < PFA_TILE/NW; ++jj) {
-            const int pl = warp + jj*NW;
-            float vf[VD];
-            pfa_to_floats<VD>(*(const pfa_halves<VD> *) (vt + pl*D + lane*VD), vf);
+        for (int k = 0; k < PFA_TILE/16; ++k) {
+            const unsigned pa[4] = {*(const unsigned *) (ph + g*PS + 16*k + 2*c), 0u, *(const unsigned *) (ph + g*PS + 16*k + 8 + 2*c), 0u};
 #pragma unroll
-            for (int r = 0; r < PFA_MAX_ROWS; ++r) {
-                if (r < R) {
-                    const float w = sc[r*SC + pl];
-#pragma unroll
-                    for (int j = 0; j < VD; ++j) {
-                        acc[r][j] += w*vf[j];
-                    }
-                }
+            for (int j = 0; j < DW/8; j += 2) {
+                unsigned vb[4]; // positions 16k + 8(m%2), dims warp*DW + 8(j + m/2), m = 0..3, transposed
+                pfa_ldmatrix4<true>(vb, vt + (16*k + 8*((lane / 8) % 2) + lane % 8)*KS + warp*DW + 8*(j + lane / 16));
+                pfa_mma(acc[j],     pa, vb[0], vb[1]);
+                pfa_mma(acc[j + 1], pa, vb[2], vb[3]);
             }
         }
-        __syncthreads(); // the stage and sc are rewritten next tile
+        __syncthreads(); // the stage, sc and ph are rewritten next tile
     }
 
-    // the warps' sums, one warp after another into qs (free now), then warp 0 writes the partial row
-    float * red = qs;
-    for (int w = 1; w < NW; ++w) {
-        if (warp == w) {
-#pragma unroll
-            for (int r = 0; r < PFA_MAX_ROWS; ++r) {
-                if (r < R) {
-#pragma unroll
-                    for (int j = 0; j < VD; ++j) {
-                        red[r*D + lane*VD + j] = (w == 1 ? 0.0f : red[r*D + lane*VD + j]) + acc[r][j];
-                    }
-                }
-            }
-        }
-        __syncthreads();
-    }
+    // the partial rows: O's rows g < R, their maximum and sum
     float * part = a.partial + ((int64_t) h*nsplit + split)*R*ROW;
-    if (warp == 0) {
+    if (g < R) {
 #pragma unroll
-        for (int r = 0; r < PFA_MAX_ROWS; ++r) {
-            if (r < R) {
-#pragma unroll
-                for (int j = 0; j < VD; ++j) {
-                    part[r*ROW + lane*VD + j] = acc[r][j] + red[r*D + lane*VD + j];
-                }
-                if (lane == 0) {
-                    part[r*ROW + D]     = row_max[r];
-                    part[r*ROW + D + 1] = row_sum[r];
-                }
-            }
+        for (int j = 0; j < DW/8; ++j) {
+            *(float2 *) (part + g*ROW + warp*DW + 8*j + 2*c) = make_float2(acc[j][0], acc[j][1]);
         }
     }
+    if (t < R) {
+        part[t*ROW + D]     = row_max[t];
+        part[t*ROW + D + 1] = row_sum[t];
+    }
 
-    // the last CTA of kv head h combines the splits
+    // the last CTA of a group of PFA_GROUP splits to finish merges the group into its first partial, and the
+    // last group to finish merges the groups and writes the rows: two short serial tails (one merge of 64
+    // splits read 64 x 4 rows x 1 KB, at depth 8192, in one CTA)
+    const int grp = split / PFA_GROUP, ngroups = (nsplit + PFA_GROUP - 1)/PFA_GROUP;
+    const unsigned int in_group = min(PFA_GROUP, nsplit - grp*PFA_GROUP);
+    float * all = a.partial + (int64_t) h*nsplit*R*ROW, * first = all + (int64_t) grp*PFA_GROUP*R*ROW;
     __threadfence();
     __syncthreads();
     if (t == 0) {
-        last = atomicInc(&a.arrivals[h], (unsigned int) nsplit - 1) == (unsigned int) nsplit - 1;
+        last = atomicInc(&a.arrivals[h*PFA_MAX_GROUPS + grp], in_group - 1) == in_group - 1;
     }
     __syncthreads();
     if (!last) {
         return;
     }
     __threadfence();
-    const float * all = a.partial + (int64_t) h*nsplit*R*ROW;
-    // a warp a row: the splits' weights exp(m_s - M) into sc, the row's total into row_sum
-    for (int r = warp; r < R; r += NW) {
-        float M = -INFINITY;
-        for (int s = lane; s < nsplit; s += WARP_SIZE) {
-            M = fmaxf(M, pfa_load_l2(all + ((int64_t) s*R + r)*ROW + D));
-        }
-        M = warp_reduce_max(M);
-        float L = 0.0f;
-        for (int s = lane; s < nsplit; s += WARP_SIZE) {
-            const float * ps = all + ((int64_t) s*R + r)*ROW;
-            const float m = pfa_load_l2(ps + D);
-            const float w = m == -INFINITY ? 0.0f : expf(m - M);
-            sc[r*SC + s] = w;
-            L += w*pfa_load_l2(ps + D + 1);
-        }
-        L = warp_reduce_sum(L);
-        if (lane == 0) {
-            row_sum[r] = L;
-        }
+    pfa_merge<D>(a, h, R, first, in_group, 1, ngroups > 1 ? first : nullptr, sc, row_max, row_sum);
+    if (ngroups == 1) {
+        return;
+    }
+    __threadfence();
+    __syncthreads();
+    if (t == 0) {
+        last = atomicInc(&a.arrivals[a.n_head_kv*PFA_MAX_GROUPS + h], (unsigned int) ngroups - 1) == (unsigned int) ngroups - 1;
     }
     __syncthreads();
-    // a thread a float4 column of PFA_THREADS/COLS rows at a time, sixteen splits' loads in flight (the last
-    // CTA's reads are the launch's serial tail: 64 splits x 4 rows x 1 KB at depth 8192)
-    const int c = t % COLS;
-    for (int r = t / COLS; r < R; r += PFA_THREADS/COLS) {
-        float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-#pragma unroll 16
-        for (int s = 0; s < nsplit; ++s) {
-            const float w = sc[r*SC + s];
-            const float4 v = pfa_load_l2((const float4 *) (all + ((int64_t) s*R + r)*ROW) + c);
-            o.x += w*v.x;
-            o.y += w*v.y;
-            o.z += w*v.z;
-            o.w += w*v.w;
-        }
-        const float inv = row_sum[r] > 0.0f ? 1.0f/row_sum[r] : 0.0f;
-        float * out = a.dst + (r / G)*a.dst_row + (h*G + r % G)*a.dst_head + 4*c;
-        out[0] = o.x*inv;
-        out[1] = o.y*inv;
-        out[2] = o.z*inv;
-        out[3] = o.w*inv;
+    if (!last) {
+        return;
     }
+    __threadfence();
+    pfa_merge<D>(a, h, R, all, ngroups, PFA_GROUP, nullptr, sc, row_max, row_sum);
+#else
+    GGML_UNUSED(a);
+    NO_DEVICE_CODE;
+#endif // CP_ASYNC_AVAILABLE
 }
