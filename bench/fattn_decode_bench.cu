@@ -1,8 +1,9 @@
 // pyqwen_fattn_decode (ggml-patches/src/src/ggml-cuda/pyqwen-fattn-kernel.cuh) on its own: against a float64
 // reference of ggml's FLASH_ATTN_EXT (softmax(scale Q K^T + mask) V, query head j reading kv head j/G) on
-// random queries and f16 caches, with masked positions, for 1 and 2 query rows (4 heads each) and depths up to 8192, outputs
-// poisoned first; then the 9B shape's 8 attention layers (16 query heads, 4 kv heads of 256) timed in a
-// CUDA graph at depths 512, 8192 and 32640, 1 and 2 rows, to set beside upstream's 8.9 + 2.8 us a layer at
+// random queries and f16 caches, with masked positions, for 1 and 2 query rows (4 heads each) and depths up to
+// 8192 (2000: 63 splits on the H200, merged in groups), outputs poisoned first; then the 9B shape's 8 attention
+// layers (16 query heads, 4 kv heads of 256), each reading its own cache, timed in a CUDA graph at depths 512,
+// 8192 and 32640, 1 and 2 rows, to set beside upstream's 8.9 + 2.8 us a layer at
 // depth 512 (the census). -DPFA_STAGES=2 or 4 builds the kernel with other pipeline depths. Builds in seconds
 // from the patched tree:
 //   G=vendor/ggml; nvcc -std=c++17 -O3 -arch=sm_90 -use_fast_math -extended-lambda -I$G/include -I$G/src \
@@ -23,6 +24,17 @@ void ggml_cuda_error(const char * stmt, const char * func, const char * file, in
 }
 
 struct attn_shape { int n_head, n_head_kv, D; };
+
+// values in [-2, 2) from a hash of the index: the timed caches, too big to draw on the host
+static __global__ void fill_random(half * x, const size_t n, const unsigned seed) {
+    for (size_t i = blockIdx.x*(size_t) blockDim.x + threadIdx.x; i < n; i += (size_t) gridDim.x*blockDim.x) {
+        unsigned h = (unsigned) i*2654435761u ^ seed*0x9E3779B9u;
+        h ^= h >> 15;
+        h *= 0x85EBCA6Bu;
+        h ^= h >> 13;
+        x[i] = __float2half((float) (h >> 8)*(4.0f/16777216.0f) - 2.0f);
+    }
+}
 
 template <int D>
 static void launch(const pfa_args & a, int nsplit, cudaStream_t st) {
@@ -63,7 +75,7 @@ int main() {
     CUDA_CHECK(cudaMemset(arrivals.p, 0, pfa_arrivals(sh.n_head_kv)*sizeof(unsigned int)));
     device_buf partial(pfa_partial_floats(D, sh.n_head_kv, PFA_MAX_SPLITS, PFA_MAX_ROWS)*sizeof(float));
 
-    for (int n_kv : {1, 37, 512, 8192}) {
+    for (int n_kv : {1, 37, 512, 2000, 8192}) {
         for (int n_q = 1; n_q*sh.n_head/sh.n_head_kv <= PFA_MAX_ROWS; ++n_q) {
             std::vector<float> q((size_t) n_q*sh.n_head*D);
             for (float & x : q) x = nd(rng);
@@ -121,14 +133,20 @@ int main() {
                 ref2 += want[e]*want[e];
             }
             const double rel = std::sqrt(err/std::max(ref2, 1e-30));
-            const bool ok = finite && rel < 1e-3; // f32 sums, fast-math exp
+            const bool ok = finite && rel < 1e-3; // f16 q and weights into the tensor cores, f32 sums, fast-math exp
             (ok ? passed : failed)++;
             printf("%s n_kv=%5d n_q=%d: %d splits of %d, rel_l2 vs float64 %.2e\n", ok ? "ok  " : "FAIL", n_kv, n_q, nsplit, chunk, rel);
         }
     }
 
-    // 8 layers (the 9B shape's attention layers), each its own cache region, one graph
-    // pfa_chunk's split and half and twice its chunk, to tune it by
+    // 8 layers (the 9B shape's attention layers), each its own cache of n_ctx positions (8 x 64 MB: nothing is
+    // left in the L2 from the layer before, as in the model), one graph; pfa_chunk's split and half and twice its
+    // chunk, to tune it by
+    const int layers = 8;
+    device_buf lk((size_t) layers*n_ctx*kv_pos*sizeof(half)), lv((size_t) layers*n_ctx*kv_pos*sizeof(half));
+    fill_random<<<1024, 256, 0, st>>>(lk.as<half>(), (size_t) layers*n_ctx*kv_pos, 1u);
+    fill_random<<<1024, 256, 0, st>>>(lv.as<half>(), (size_t) layers*n_ctx*kv_pos, 2u);
+    CUDA_CHECK(cudaGetLastError());
     printf("\nPFA_STAGES %d\n", PFA_STAGES);
     printf("\n| depth | rows | chunk | us a layer (8 layers in a graph) | K and V read, GB/s | splits |\n|---|---|---|---|---|---|\n");
     for (int n_kv : {512, 8192, 32640}) {
@@ -143,12 +161,10 @@ int main() {
                 device_buf dm((size_t) n_q*n_kv*sizeof(half)); // every position visible, but read as the model's mask is
                 CUDA_CHECK(cudaMemset(dq.p, 0, (size_t) n_q*sh.n_head*D*sizeof(float)));
                 CUDA_CHECK(cudaMemset(dm.p, 0, (size_t) n_q*n_kv*sizeof(half)));
-                const int layers = 8;
-                // the layers' caches: 8 regions of n_kv positions (32640 x 8 > n_ctx: they wrap, which only reuses data)
                 const double us = graph_us_per_replay(st, 100, [&] {
                     for (int l = 0; l < layers; ++l) {
-                        const int64_t off = ((int64_t) l*n_kv % std::max(1, n_ctx - n_kv))*kv_pos;
-                        const pfa_args a = { dq.as<float>(), (int64_t) sh.n_head*D, D, dk.as<half>() + off, dv.as<half>() + off, kv_pos, kv_head,
+                        const int64_t off = (int64_t) l*n_ctx*kv_pos;
+                        const pfa_args a = { dq.as<float>(), (int64_t) sh.n_head*D, D, lk.as<half>() + off, lv.as<half>() + off, kv_pos, kv_head,
                                              dm.as<half>(), n_kv, dout.as<float>(), (int64_t) sh.n_head*D, D, partial.as<float>(),
                                              arrivals.as<unsigned int>(), n_q, n_kv, sh.n_head, sh.n_head_kv, chunk, 1.0f/16.0f };
                         launch<256>(a, nsplit, st);

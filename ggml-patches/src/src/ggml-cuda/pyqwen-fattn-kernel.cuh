@@ -26,7 +26,7 @@
 #define PFA_THREADS    128 // 4 warps: a warp scores 8 positions of a tile and sums D/4 dims of V
 #define PFA_TILE       32  // positions a tile (a lane each in the softmax)
 #define PFA_MAX_SPLITS 64  // splits of a kv head's positions, at most (the merge's weights fill a row of sc)
-#define PFA_GROUP      8   // splits merged by the last of them to finish, before the groups are merged
+#define PFA_GROUP      8   // splits merged by the last of them to finish, before the groups are (past 16 splits)
 #define PFA_MAX_GROUPS (PFA_MAX_SPLITS/PFA_GROUP)
 #define PFA_MAX_ROWS   8   // G*n_q, the n of the mma tiles: a decode token's 4 query heads a kv head (Qwen3.5) times 2
 #define PFA_PAD        8   // halves after each K, V and q row in shared memory: rows 8 apart start 4 banks apart
@@ -369,12 +369,14 @@ pyqwen_fattn_decode(const pfa_args a) {
         part[t*ROW + D + 1] = row_sum[t];
     }
 
-    // the last CTA of a group of PFA_GROUP splits to finish merges the group into its first partial, and the
-    // last group to finish merges the groups and writes the rows: two short serial tails (one merge of 64
-    // splits read 64 x 4 rows x 1 KB, at depth 8192, in one CTA)
-    const int grp = split / PFA_GROUP, ngroups = (nsplit + PFA_GROUP - 1)/PFA_GROUP;
-    const unsigned int in_group = min(PFA_GROUP, nsplit - grp*PFA_GROUP);
-    float * all = a.partial + (int64_t) h*nsplit*R*ROW, * first = all + (int64_t) grp*PFA_GROUP*R*ROW;
+    // past 2*PFA_GROUP splits, the last CTA of each group of PFA_GROUP to finish merges the group into its first
+    // partial, and the last group to finish merges the groups and writes the rows: two short serial tails where
+    // one CTA would read 64 splits x 4 rows x 1 KB at depth 8192; up to 2*PFA_GROUP, one merge of them all is
+    // the shorter (2.5 us a layer at depth 512 on the H200, bench/RESULTS.md)
+    const int group = nsplit > 2*PFA_GROUP ? PFA_GROUP : nsplit;
+    const int grp = split / group, ngroups = (nsplit + group - 1)/group;
+    const unsigned int in_group = min(group, nsplit - grp*group);
+    float * all = a.partial + (int64_t) h*nsplit*R*ROW, * first = all + (int64_t) grp*group*R*ROW;
     __threadfence();
     __syncthreads();
     if (t == 0) {
@@ -399,7 +401,7 @@ pyqwen_fattn_decode(const pfa_args a) {
         return;
     }
     __threadfence();
-    pfa_merge<D>(a, h, R, all, ngroups, PFA_GROUP, nullptr, sc, row_max, row_sum);
+    pfa_merge<D>(a, h, R, all, ngroups, group, nullptr, sc, row_max, row_sum);
 #else
     GGML_UNUSED(a);
     NO_DEVICE_CODE;
