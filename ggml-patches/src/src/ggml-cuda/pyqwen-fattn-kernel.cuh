@@ -2,16 +2,16 @@
 // cache within one launch (the seed article's decode kernel): CTA (h, s) takes kv head h's positions
 // [s*chunk, (s + 1)*chunk) for the G = n_head/n_head_kv query heads that read it (ggml's grouping: query head
 // h*G + g), R = G*n_q rows in all, and leaves each row's maximum score, sum of exponentials and
-// exponential-weighted V sum; the last CTA of kv head h to finish (an arrival counter per kv head, which wraps
-// back to 0) combines the splits and writes the rows.
-// A CTA streams its positions as tiles of 32 K and V rows through PFA_STAGES buffers in shared memory (cp.async):
-// the copies of the next tiles are in flight while a tile is scored, so a CTA waits for memory once, not at
-// every tile. The version before, which loaded K and V into registers a block at a time, read the cache at 944
-// GB/s at depth 8192 and 1.4 TB/s at depth 32640 on the H200 (35.5 and 96.8 us a layer, bench/RESULTS.md).
-// Upstream runs a vector kernel and a separate combine kernel: 8.9 + 2.8 us a layer on the H200 for a 9B decode
-// token at depth 512 (bench/RESULTS.md, the census at 62ec107), mostly fixed cost.
-// ggml calls it for FLASH_ATTN_EXT where it applies (pyqwen-fattn-decode.cu); bench/fattn_decode_bench.cu
-// checks and times it standalone.
+// exponential-weighted V sum; the last CTAs to finish merge the splits and write the rows (pfa_merge).
+// A CTA streams its positions as tiles of 32 K and V rows through PFA_STAGES buffers in shared memory (cp.async),
+// the copies of the next tiles in flight while a tile is used, and takes the scores and the V sums on tensor
+// cores: the rows are the m of the mma tiles (padded to 16), positions and dims their n. On the H200, for a 9B
+// decode token: 8.0 / 22.0 / 48.6 us a layer at depth 512 / 8192 / 32640; the same design in f32 FMAs took
+// 11.3 / 31.5 / 85.3, bound by its instructions, and the first, K and V loaded into registers a block at a
+// time, 11.9 / 35.5 / 96.8 (bench/RESULTS.md). Upstream runs a vector kernel and a separate combine kernel:
+// 8.9 + 2.8 us a layer at depth 512 (the census at 62ec107), mostly fixed cost.
+// NVIDIA Ampere on (cp.async, mma.m16n8k16); ggml calls it for FLASH_ATTN_EXT where it applies
+// (pyqwen-fattn-decode.cu); bench/fattn_decode_bench.cu checks and times it standalone.
 #pragma once
 
 #include "common.cuh"
@@ -28,7 +28,7 @@
 #define PFA_MAX_SPLITS 64  // splits of a kv head's positions, at most (the merge's weights fill a row of sc)
 #define PFA_GROUP      8   // splits merged by the last of them to finish, before the groups are (past 16 splits)
 #define PFA_MAX_GROUPS (PFA_MAX_SPLITS/PFA_GROUP)
-#define PFA_MAX_ROWS   8   // G*n_q, the n of the mma tiles: a decode token's 4 query heads a kv head (Qwen3.5) times 2
+#define PFA_MAX_ROWS   8   // G*n_q, the m of the mma tiles (of 16): a decode token's 4 query heads a kv head (Qwen3.5) times 2
 #define PFA_PAD        8   // halves after each K, V and q row in shared memory: rows 8 apart start 4 banks apart
 
 struct pfa_args {
@@ -52,7 +52,7 @@ static constexpr __host__ __device__ int pfa_row(const int D) {
 }
 
 // Shared memory of a CTA: PFA_STAGES tiles of K and V rows, the queries (f16), the scores of a tile (in the
-// combine: the splits' weights), the weights of a tile (f16).
+// merge: the splits' weights), the weights of a tile (f16).
 static constexpr __host__ __device__ int pfa_stride(const int D) {
     return D + PFA_PAD;
 }
@@ -74,7 +74,8 @@ static size_t pfa_partial_floats(const int D, const int n_head_kv, const int nsp
     return (size_t) n_head_kv*nsplit*rows*pfa_row(D);
 }
 
-// Positions a CTA, whole tiles: enough CTAs to cover the GPU twice (two fit an SM), at most PFA_MAX_SPLITS.
+// Positions a CTA, whole tiles: enough CTAs to cover the GPU twice (two fit an SM: 108 KB of shared memory at
+// D = 256), at most PFA_MAX_SPLITS.
 static int pfa_chunk(const int n_kv, const int n_head_kv, const int nsm) {
     const int want  = std::max(1, std::min(2*nsm/n_head_kv, PFA_MAX_SPLITS));
     const int tiles = ((n_kv + want - 1)/want + PFA_TILE - 1)/PFA_TILE;
@@ -129,22 +130,16 @@ static __device__ __forceinline__ void pfa_ldmatrix4(unsigned (&r)[4], const hal
 #endif // CP_ASYNC_AVAILABLE
 }
 
-// Another CTA's partial result, from L2 (HIP has no __ldcg: volatile, past the L1 on either vendor).
-static __device__ __forceinline__ float pfa_load_l2(const float * p) {
-#if defined(GGML_USE_HIP)
-    return *(const volatile float *) p;
-#else
+// Another CTA's partial result, from L2 (past the L1, which may hold what this SM read before it was written).
+template <typename T>
+static __device__ __forceinline__ T pfa_load_l2(const T * p) {
+#ifdef CP_ASYNC_AVAILABLE
     return __ldcg(p);
-#endif // defined(GGML_USE_HIP)
-}
-
-static __device__ __forceinline__ float4 pfa_load_l2(const float4 * p) {
-#if defined(GGML_USE_HIP)
-    const volatile float * f = (const volatile float *) p;
-    return make_float4(f[0], f[1], f[2], f[3]);
 #else
-    return __ldcg(p);
-#endif // defined(GGML_USE_HIP)
+    GGML_UNUSED(p);
+    NO_DEVICE_CODE;
+    return T();
+#endif // CP_ASYNC_AVAILABLE
 }
 
 // Merges n partial results of kv head h's R rows (weighted V sums, maximum, sum), `stride` partials apart from
