@@ -149,7 +149,7 @@ int main() {
     CUDA_CHECK(cudaGetLastError());
     printf("\nPFA_STAGES %d\n", PFA_STAGES);
     printf("\n| depth | rows | chunk | us a layer (8 layers in a graph) | K and V read, GB/s | splits |\n|---|---|---|---|---|---|\n");
-    for (int n_kv : {512, 8192, 32640}) {
+    for (int n_kv : {512, 8192, 8448, 32640}) { // 8448: pyqwen's span at depth 8192 and up (steps of 256)
         for (int n_q : {1, 2}) {
             for (const int scale_chunk : {1, 2, 4}) { // chunk x scale_chunk / 2
                 const int chunk = std::max(PFA_TILE, pfa_chunk(n_kv, sh.n_head_kv, prop.multiProcessorCount)*scale_chunk/2);

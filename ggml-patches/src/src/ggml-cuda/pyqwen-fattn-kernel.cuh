@@ -21,11 +21,14 @@
 
 // PFA_STAGES may be set at build time: fattn_decode_bench is built with other values to compare.
 #ifndef PFA_STAGES
-#define PFA_STAGES   3   // tiles of K and V in shared memory: the one being read and two on their way
+#define PFA_STAGES   2   // tiles of K and V in shared memory: the one being read and the next on its way (3 took
+                         // as long on the H200, and 74 KB a CTA at D = 256 fits the 99 KB of Ampere's and Ada's
+                         // desktop GPUs, where three stages' 108 KB sent them to upstream's kernels)
 #endif // PFA_STAGES
 #define PFA_THREADS    128 // 4 warps: a warp scores 8 positions of a tile and sums D/4 dims of V
 #define PFA_TILE       32  // positions a tile (a lane each in the softmax)
-#define PFA_MAX_SPLITS 64  // splits of a kv head's positions, at most (the merge's weights fill a row of sc)
+#define PFA_MAX_SPLITS 72  // splits of a kv head's positions, at most (the merge's weights fill a row of sc): the
+                           // H200's 66 (2 CTAs an SM) divide pyqwen's padded depths, 8448 = 66 x 4 tiles, evenly
 #define PFA_GROUP      8   // splits merged by the last of them to finish, before the groups are (past 16 splits)
 #define PFA_MAX_GROUPS (PFA_MAX_SPLITS/PFA_GROUP)
 #define PFA_MAX_ROWS   8   // G*n_q, the m of the mma tiles (of 16): a decode token's 4 query heads a kv head (Qwen3.5) times 2
@@ -74,8 +77,7 @@ static size_t pfa_partial_floats(const int D, const int n_head_kv, const int nsp
     return (size_t) n_head_kv*nsplit*rows*pfa_row(D);
 }
 
-// Positions a CTA, whole tiles: enough CTAs to cover the GPU twice (two fit an SM: 108 KB of shared memory at
-// D = 256), at most PFA_MAX_SPLITS.
+// Positions a CTA, whole tiles: enough CTAs to cover the GPU twice, at most PFA_MAX_SPLITS.
 static int pfa_chunk(const int n_kv, const int n_head_kv, const int nsm) {
     const int want  = std::max(1, std::min(2*nsm/n_head_kv, PFA_MAX_SPLITS));
     const int tiles = ((n_kv + want - 1)/want + PFA_TILE - 1)/PFA_TILE;
