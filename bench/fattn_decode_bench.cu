@@ -3,9 +3,9 @@
 // random queries and f16 caches, with masked positions, for 1 and 2 query rows (4 heads each) and depths up to
 // 8192 (2000: 63 splits on the H200, merged in groups), outputs poisoned first; then the 9B shape's 8 attention
 // layers (16 query heads, 4 kv heads of 256), each reading its own cache, timed in a CUDA graph at depths 512,
-// 8192 and 32640, 1 and 2 rows, to set beside upstream's 8.9 + 2.8 us a layer at
-// depth 512 (the census). -DPFA_STAGES=2 or 4 builds the kernel with other pipeline depths. Builds in seconds
-// from the patched tree:
+// 8192, 8448 (pyqwen's span at depth 8192) and 32640, 1 and 2 rows, to set beside upstream's 8.9 + 2.8 us a
+// layer at depth 512 (the census). -DPFA_STAGES=3 -DPFA_MAX_SPLITS=64 builds main adf278f's kernel, other
+// values other sizes. Builds in seconds from the patched tree:
 //   G=vendor/ggml; nvcc -std=c++17 -O3 -arch=sm_90 -use_fast_math -extended-lambda -I$G/include -I$G/src \
 //     -I$G/src/ggml-cuda -DGGML_USE_CUDA bench/fattn_decode_bench.cu -o /tmp/fattn_decode_bench
 #include "pyqwen-fattn-kernel.cuh"
@@ -147,7 +147,7 @@ int main() {
     fill_random<<<1024, 256, 0, st>>>(lk.as<half>(), (size_t) layers*n_ctx*kv_pos, 1u);
     fill_random<<<1024, 256, 0, st>>>(lv.as<half>(), (size_t) layers*n_ctx*kv_pos, 2u);
     CUDA_CHECK(cudaGetLastError());
-    printf("\nPFA_STAGES %d\n", PFA_STAGES);
+    printf("\nPFA_STAGES %d, PFA_MAX_SPLITS %d\n", PFA_STAGES, PFA_MAX_SPLITS);
     printf("\n| depth | rows | chunk | us a layer (8 layers in a graph) | K and V read, GB/s | splits |\n|---|---|---|---|---|---|\n");
     for (int n_kv : {512, 8192, 8448, 32640}) { // 8448: pyqwen's span at depth 8192 and up (steps of 256)
         for (int n_q : {1, 2}) {

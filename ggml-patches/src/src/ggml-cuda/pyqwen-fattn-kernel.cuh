@@ -19,7 +19,7 @@
 
 #include <algorithm>
 
-// PFA_STAGES may be set at build time: fattn_decode_bench is built with other values to compare.
+// PFA_STAGES and PFA_MAX_SPLITS may be set at build time: fattn_decode_bench is built with other values to compare.
 #ifndef PFA_STAGES
 #define PFA_STAGES   2   // tiles of K and V in shared memory: the one being read and the next on its way (3 took
                          // as long on the H200, and 74 KB a CTA at D = 256 fits the 99 KB of Ampere's and Ada's
@@ -27,8 +27,10 @@
 #endif // PFA_STAGES
 #define PFA_THREADS    128 // 4 warps: a warp scores 8 positions of a tile and sums D/4 dims of V
 #define PFA_TILE       32  // positions a tile (a lane each in the softmax)
+#ifndef PFA_MAX_SPLITS
 #define PFA_MAX_SPLITS 72  // splits of a kv head's positions, at most (the merge's weights fill a row of sc): the
                            // H200's 66 (2 CTAs an SM) divide pyqwen's padded depths, 8448 = 66 x 4 tiles, evenly
+#endif // PFA_MAX_SPLITS
 #define PFA_GROUP      8   // splits merged by the last of them to finish, before the groups are (past 16 splits)
 #define PFA_MAX_GROUPS (PFA_MAX_SPLITS/PFA_GROUP)
 #define PFA_MAX_ROWS   8   // G*n_q, the m of the mma tiles (of 16): a decode token's 4 query heads a kv head (Qwen3.5) times 2
