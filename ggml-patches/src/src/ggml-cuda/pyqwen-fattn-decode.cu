@@ -25,12 +25,12 @@ bool ggml_cuda_pyqwen_fattn_decode(ggml_backend_cuda_context & ctx, ggml_tensor 
     if (!applies) {
         return false;
     }
-    const int rows = (int) (n_head/n_head_kv*n_q);
-    const int cc = ggml_cuda_info().devices[ctx.device].cc;
-    if (!cp_async_available(cc) || pfa_smem(D) > ggml_cuda_info().devices[ctx.device].smpbo) {
+    const auto & dev = ggml_cuda_info().devices[ctx.device];
+    if (!cp_async_available(dev.cc) || pfa_smem(D) > dev.smpbo) {
         return false; // the kernel needs cp.async and mma (NVIDIA, Ampere on) and 73 KB of shared memory (D = 256)
     }
-    const int chunk = pfa_chunk((int) n_kv, (int) n_head_kv, ggml_cuda_info().devices[ctx.device].nsm);
+    const int rows = (int) (n_head/n_head_kv*n_q);
+    const int chunk = pfa_chunk((int) n_kv, (int) n_head_kv, dev.nsm);
     const int nsplit = (int) ((n_kv + chunk - 1)/chunk);
     ggml_cuda_pool_alloc<float> partial(ctx.pool(), pfa_partial_floats((int) D, (int) n_head_kv, nsplit, rows));
     const pfa_args a = {
