@@ -36,9 +36,17 @@ static __global__ void fill_random(half * x, const size_t n, const unsigned seed
     }
 }
 
+// the kernel's shared memory limit raised, and how many of its CTAs fit an SM (as pyqwen-fattn-decode.cu asks)
+template <int D>
+static int ctas_per_sm() {
+    CUDA_CHECK(cudaFuncSetAttribute(pyqwen_fattn_decode<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int) pfa_smem(D)));
+    int c = 0;
+    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&c, pyqwen_fattn_decode<D>, PFA_THREADS, pfa_smem(D)));
+    return c;
+}
+
 template <int D>
 static void launch(const pfa_args & a, int nsplit, cudaStream_t st) {
-    CUDA_CHECK(cudaFuncSetAttribute(pyqwen_fattn_decode<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int) pfa_smem(D)));
     pyqwen_fattn_decode<D><<<dim3(a.n_head_kv, nsplit), PFA_THREADS, pfa_smem(D), st>>>(a);
 }
 
@@ -59,6 +67,7 @@ int main() {
     std::uniform_real_distribution<float> ud;
     const attn_shape sh = {16, 4, 256};
     const int D = sh.D, n_check = 8192, n_ctx = 32768; // the checks' deepest cache; a timed layer's
+    const int nsm = prop.multiProcessorCount, ctas = ctas_per_sm<256>();
     int passed = 0, failed = 0;
 
     // the checks' cache: n_check positions of n_head_kv heads, as pyqwen's [D*n_head_kv, n_ctx] f16 tensors
@@ -116,7 +125,7 @@ int main() {
             CUDA_CHECK(cudaMemcpy(dq.p, q.data(), q.size()*sizeof(float), cudaMemcpyHostToDevice));
             CUDA_CHECK(cudaMemcpy(dm.p, mask.data(), mask.size()*sizeof(half), cudaMemcpyHostToDevice));
             CUDA_CHECK(cudaMemset(dout.p, 0xFF, want.size()*sizeof(float))); // NaN
-            const int chunk = pfa_chunk(n_kv, sh.n_head_kv, prop.multiProcessorCount);
+            const int chunk = pfa_chunk(n_kv, sh.n_head_kv, nsm, ctas);
             const int nsplit = (n_kv + chunk - 1)/chunk;
             const pfa_args a = { dq.as<float>(), (int64_t) sh.n_head*D, D, dk.as<half>(), dv.as<half>(), kv_pos, kv_head,
                                  dm.as<half>(), n_kv, dout.as<float>(), (int64_t) sh.n_head*D, D, partial.as<float>(),
@@ -141,19 +150,26 @@ int main() {
     }
 
     // 8 layers (the 9B shape's attention layers), each its own cache of n_ctx positions (8 x 64 MB: nothing is
-    // left in the L2 from the layer before, as in the model), one graph; pfa_chunk's split and half and twice its
-    // chunk, to tune it by
+    // left in the L2 from the layer before, as in the model), one graph; pfa_chunk's split, for as many CTAs as
+    // fit an SM, and for fewer, to tune it by
     const int layers = 8;
     device_buf lk((size_t) layers*n_ctx*kv_pos*sizeof(half)), lv((size_t) layers*n_ctx*kv_pos*sizeof(half));
     fill_random<<<1024, 256, 0, st>>>(lk.as<half>(), (size_t) layers*n_ctx*kv_pos, 1u);
     fill_random<<<1024, 256, 0, st>>>(lv.as<half>(), (size_t) layers*n_ctx*kv_pos, 2u);
     CUDA_CHECK(cudaGetLastError());
-    printf("\nPFA_STAGES %d, PFA_MAX_SPLITS %d\n", PFA_STAGES, PFA_MAX_SPLITS);
-    printf("\n| depth | rows | chunk | us a layer (8 layers in a graph) | K and V read, GB/s | splits |\n|---|---|---|---|---|---|\n");
+    std::vector<int> cta_counts = {ctas}; // the occupancy's split (pfa_chunk's), then fewer CTAs an SM to compare
+    for (const int c : {2, 1}) {
+        if (c < ctas) {
+            cta_counts.push_back(c);
+        }
+    }
+    printf("\nPFA_STAGES %d, PFA_MAX_SPLITS %d, %d KB of shared memory a CTA, %d CTAs fit an SM\n", PFA_STAGES, PFA_MAX_SPLITS,
+           (int) (pfa_smem(D)/1024), ctas);
+    printf("\n| depth | rows | splits for CTAs an SM | us a layer (8 layers in a graph) | K and V read, GB/s | splits |\n|---|---|---|---|---|---|\n");
     for (int n_kv : {512, 8192, 8448, 32640}) { // 8448: pyqwen's span at depth 8192 and up (steps of 256)
         for (int n_q : {1, 2}) {
-            for (const int scale_chunk : {1, 2, 4}) { // chunk x scale_chunk / 2
-                const int chunk = std::max(PFA_TILE, pfa_chunk(n_kv, sh.n_head_kv, prop.multiProcessorCount)*scale_chunk/2);
+            for (const int c : cta_counts) {
+                const int chunk = pfa_chunk(n_kv, sh.n_head_kv, nsm, c);
                 const int nsplit = (n_kv + chunk - 1)/chunk;
                 if (nsplit > PFA_MAX_SPLITS) {
                     continue; // the kernel's bound
@@ -172,7 +188,7 @@ int main() {
                     }
                 })/layers;
                 const double bytes = 2.0*n_kv*kv_pos*sizeof(half);
-                printf("| %d | %d | %s | %.2f | %.0f | %d of %d |\n", n_kv, n_q, scale_chunk == 2 ? "default" : scale_chunk == 1 ? "half" : "twice",
+                printf("| %d | %d | %d%s | %.2f | %.0f | %d of %d |\n", n_kv, n_q, c, c == ctas ? " (pfa_chunk's)" : "",
                        us, bytes/us*1e-3, nsplit, chunk);
             }
         }

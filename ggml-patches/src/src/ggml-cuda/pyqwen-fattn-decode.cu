@@ -3,6 +3,23 @@
 #include "pyqwen-fattn-kernel.cuh"
 #include "pyqwen-arrivals.cuh"
 
+#include <atomic>
+
+// CTAs of pyqwen_fattn_decode<D> that fit an SM together (3 at D = 256 on the H200, 1 on Ampere's and Ada's
+// desktop GPUs), with its shared memory limit raised first: asked of the CUDA runtime once per process and
+// device (threads that race here store the same value).
+template <int D>
+static int pfa_ctas_per_sm(const int device) {
+    static std::atomic<int> cache[GGML_CUDA_MAX_DEVICES]; // 0: not asked yet
+    int c = cache[device].load(std::memory_order_relaxed);
+    if (c == 0) {
+        CUDA_SET_SHARED_MEMORY_LIMIT(pyqwen_fattn_decode<D>, pfa_smem(D));
+        CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&c, pyqwen_fattn_decode<D>, PFA_THREADS, pfa_smem(D)));
+        cache[device].store(c, std::memory_order_relaxed);
+    }
+    return c;
+}
+
 bool ggml_cuda_pyqwen_fattn_decode(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
     const ggml_tensor * Q = dst->src[0], * K = dst->src[1], * V = dst->src[2], * mask = dst->src[3];
     float scale, max_bias, softcap;
@@ -27,10 +44,11 @@ bool ggml_cuda_pyqwen_fattn_decode(ggml_backend_cuda_context & ctx, ggml_tensor 
     }
     const auto & dev = ggml_cuda_info().devices[ctx.device];
     if (!cp_async_available(dev.cc) || pfa_smem(D) > dev.smpbo) {
-        return false; // the kernel needs cp.async and mma (NVIDIA, Ampere on) and 73 KB of shared memory (D = 256)
+        return false; // the kernel needs cp.async and mma (NVIDIA, Ampere on) and 74 KB of shared memory (D = 256)
     }
     const int rows = (int) (n_head/n_head_kv*n_q);
-    const int chunk = pfa_chunk((int) n_kv, (int) n_head_kv, dev.nsm);
+    const int ctas_per_sm = D == 128 ? pfa_ctas_per_sm<128>(ctx.device) : pfa_ctas_per_sm<256>(ctx.device);
+    const int chunk = pfa_chunk((int) n_kv, (int) n_head_kv, dev.nsm, ctas_per_sm);
     const int nsplit = (int) ((n_kv + chunk - 1)/chunk);
     ggml_cuda_pool_alloc<float> partial(ctx.pool(), pfa_partial_floats((int) D, (int) n_head_kv, nsplit, rows));
     const pfa_args a = {
@@ -42,11 +60,9 @@ bool ggml_cuda_pyqwen_fattn_decode(ggml_backend_cuda_context & ctx, ggml_tensor 
         (int) n_q, (int) n_kv, (int) n_head, (int) n_head_kv, chunk, scale,
     };
     const dim3 grid((unsigned) n_head_kv, (unsigned) nsplit);
-    if (D == 128) {
-        CUDA_SET_SHARED_MEMORY_LIMIT(pyqwen_fattn_decode<128>, pfa_smem(128));
+    if (D == 128) { // pfa_ctas_per_sm raised the shared memory limit
         pyqwen_fattn_decode<128><<<grid, PFA_THREADS, pfa_smem(128), ctx.stream()>>>(a);
     } else {
-        CUDA_SET_SHARED_MEMORY_LIMIT(pyqwen_fattn_decode<256>, pfa_smem(256));
         pyqwen_fattn_decode<256><<<grid, PFA_THREADS, pfa_smem(256), ctx.stream()>>>(a);
     }
     CUDA_CHECK(cudaGetLastError());

@@ -28,8 +28,8 @@
 #define PFA_THREADS    128 // 4 warps: a warp scores 8 positions of a tile and sums D/4 dims of V
 #define PFA_TILE       32  // positions a tile (a lane each in the softmax)
 #ifndef PFA_MAX_SPLITS
-#define PFA_MAX_SPLITS 72  // splits of a kv head's positions, at most (the merge's weights fill a row of sc): the
-                           // H200's 66 (2 CTAs an SM) divide pyqwen's padded depths, 8448 = 66 x 4 tiles, evenly
+#define PFA_MAX_SPLITS 104 // splits of a kv head's positions, at most (the merge's weights fill a row of sc): the
+                           // H200's 3 CTAs an SM over 4 kv heads make 99
 #endif // PFA_MAX_SPLITS
 #define PFA_GROUP      8   // splits merged by the last of them to finish, before the groups are (past 16 splits)
 #define PFA_MAX_GROUPS (PFA_MAX_SPLITS/PFA_GROUP)
@@ -79,9 +79,9 @@ static size_t pfa_partial_floats(const int D, const int n_head_kv, const int nsp
     return (size_t) n_head_kv*nsplit*rows*pfa_row(D);
 }
 
-// Positions a CTA, whole tiles: enough CTAs to cover the GPU twice, at most PFA_MAX_SPLITS.
-static int pfa_chunk(const int n_kv, const int n_head_kv, const int nsm) {
-    const int want  = std::max(1, std::min(2*nsm/n_head_kv, PFA_MAX_SPLITS));
+// Positions a CTA, whole tiles: enough CTAs to fill every SM (ctas_per_sm of them fit one), at most PFA_MAX_SPLITS.
+static int pfa_chunk(const int n_kv, const int n_head_kv, const int nsm, const int ctas_per_sm) {
+    const int want  = std::max(1, std::min(ctas_per_sm*nsm/n_head_kv, PFA_MAX_SPLITS));
     const int tiles = ((n_kv + want - 1)/want + PFA_TILE - 1)/PFA_TILE;
     return tiles*PFA_TILE;
 }
@@ -370,7 +370,7 @@ pyqwen_fattn_decode(const pfa_args a) {
 
     // past 2*PFA_GROUP splits, the last CTA of each group of PFA_GROUP to finish merges the group into its first
     // partial, and the last group to finish merges the groups and writes the rows: two short serial tails where
-    // one CTA would read 64 splits x 4 rows x 1 KB at depth 8192; up to 2*PFA_GROUP, one merge of them all is
+    // one CTA would read 86 splits x 4 rows x 1 KB at depth 8192 on the H200; up to 2*PFA_GROUP, one merge of them all is
     // the shorter (2.5 us a layer at depth 512 on the H200, bench/RESULTS.md)
     const int group = nsplit > 2*PFA_GROUP ? PFA_GROUP : nsplit;
     const int grp = split / group, ngroups = (nsplit + group - 1)/group;
