@@ -299,16 +299,16 @@ pyqwen_fattn_decode(const pfa_args a) {
         const int nb = min(PFA_TILE, p1 - p0 - i*PFA_TILE);
         // scores S = Q K^T of this warp's 8 positions: B = K^T, its column n is position 8*warp + n
         {
-            float s[4] = {};
+            float s0[4] = {}, s1[4] = {}; // even and odd 16-dim steps: two chains of dependent mmas, each half as long
 #pragma unroll
             for (int k = 0; k < D/16; k += 2) {
                 unsigned kb[4]; // dims 16k + 8m, m = 0..3, of the warp's 8 positions
                 pfa_ldmatrix4<false>(kb, kt + (8*warp + lane % 8)*KS + 16*k + 8*(lane / 8));
                 const unsigned a0[4] = {qa[k][0], 0u, qa[k][1], 0u}, a1[4] = {qa[k + 1][0], 0u, qa[k + 1][1], 0u};
-                pfa_mma(s, a0, kb[0], kb[1]);
-                pfa_mma(s, a1, kb[2], kb[3]);
+                pfa_mma(s0, a0, kb[0], kb[1]);
+                pfa_mma(s1, a1, kb[2], kb[3]);
             }
-            *(float2 *) (sc + g*SC + 8*warp + 2*c) = make_float2(s[0], s[1]);
+            *(float2 *) (sc + g*SC + 8*warp + 2*c) = make_float2(s0[0] + s1[0], s0[1] + s1[1]);
         }
         float mv_next[MR];
         load_mask(i + 1, mv_next);
