@@ -1,7 +1,7 @@
 // pyqwen_fattn_decode (ggml-patches/src/src/ggml-cuda/pyqwen-fattn-kernel.cuh) on its own: against a float64
 // reference of ggml's FLASH_ATTN_EXT (softmax(scale Q K^T + mask) V, query head j reading kv head j/G) on
 // random queries and f16 caches, with masked positions, for 1 and 2 query rows (4 heads each) and depths up to
-// 8192 (2000: 63 splits on the H200, merged in groups), outputs poisoned first; then the 9B shape's 8 attention
+// 8192 (3100: 97 splits on the H200), outputs poisoned first; then the 9B shape's 8 attention
 // layers (16 query heads, 4 kv heads of 256), each reading its own cache, timed in a CUDA graph at depths 512,
 // 8192, 8448 (pyqwen's span at depth 8192) and 32640, 1 and 2 rows, to set beside upstream's 8.9 + 2.8 us a
 // layer at depth 512 (the census). -DPFA_STAGES=3 -DPFA_MAX_SPLITS=64 builds main adf278f's kernel, other
@@ -45,9 +45,11 @@ static int ctas_per_sm() {
     return c;
 }
 
+// the two kernels, as pyqwen-fattn-decode.cu launches them
 template <int D>
 static void launch(const pfa_args & a, int nsplit, cudaStream_t st) {
     pyqwen_fattn_decode<D><<<dim3(a.n_head_kv, nsplit), PFA_THREADS, pfa_smem(D), st>>>(a);
+    pyqwen_fattn_combine<D><<<dim3(a.n_head_kv, a.n_head/a.n_head_kv*a.n_q, D/PFA_COMBINE_DIMS), PFA_COMBINE_THREADS, 0, st>>>(a);
 }
 
 struct device_buf {
@@ -81,11 +83,9 @@ int main() {
     device_buf dk(hk.size()*sizeof(half)), dv(hv.size()*sizeof(half));
     CUDA_CHECK(cudaMemcpy(dk.p, hk.data(), hk.size()*sizeof(half), cudaMemcpyHostToDevice));
     CUDA_CHECK(cudaMemcpy(dv.p, hv.data(), hv.size()*sizeof(half), cudaMemcpyHostToDevice));
-    device_buf arrivals(pfa_arrivals(sh.n_head_kv)*sizeof(unsigned int));
-    CUDA_CHECK(cudaMemset(arrivals.p, 0, pfa_arrivals(sh.n_head_kv)*sizeof(unsigned int)));
     device_buf partial(pfa_partial_floats(D, sh.n_head_kv, PFA_MAX_SPLITS, PFA_MAX_ROWS)*sizeof(float));
 
-    for (int n_kv : {1, 37, 512, 2000, n_check}) {
+    for (int n_kv : {1, 37, 512, 3100, n_check}) {
         for (int n_q = 1; n_q*sh.n_head/sh.n_head_kv <= PFA_MAX_ROWS; ++n_q) {
             std::vector<float> q((size_t) n_q*sh.n_head*D);
             for (float & x : q) x = nd(rng);
@@ -129,7 +129,7 @@ int main() {
             const int nsplit = (n_kv + chunk - 1)/chunk;
             const pfa_args a = { dq.as<float>(), (int64_t) sh.n_head*D, D, dk.as<half>(), dv.as<half>(), kv_pos, kv_head,
                                  dm.as<half>(), n_kv, dout.as<float>(), (int64_t) sh.n_head*D, D, partial.as<float>(),
-                                 arrivals.as<unsigned int>(), n_q, n_kv, sh.n_head, sh.n_head_kv, chunk, scale };
+                                 n_q, n_kv, sh.n_head, sh.n_head_kv, chunk, scale };
             launch<256>(a, nsplit, st);
             CUDA_CHECK(cudaStreamSynchronize(st));
             CUDA_CHECK(cudaGetLastError());
@@ -183,7 +183,7 @@ int main() {
                         const int64_t off = (int64_t) l*n_ctx*kv_pos;
                         const pfa_args a = { dq.as<float>(), (int64_t) sh.n_head*D, D, lk.as<half>() + off, lv.as<half>() + off, kv_pos, kv_head,
                                              dm.as<half>(), n_kv, dout.as<float>(), (int64_t) sh.n_head*D, D, partial.as<float>(),
-                                             arrivals.as<unsigned int>(), n_q, n_kv, sh.n_head, sh.n_head_kv, chunk, 1.0f/16.0f };
+                                             n_q, n_kv, sh.n_head, sh.n_head_kv, chunk, 1.0f/16.0f };
                         launch<256>(a, nsplit, st);
                     }
                 })/layers;

@@ -1,7 +1,7 @@
 // Arrival counters for kernels whose last CTA of a group does the group's final step (an atomicInc that
 // wraps back to 0, so every launch leaves them at zero): one zeroed set per stream, as launches on a
 // stream run one at a time. Made on first use, which runs before any CUDA graph capture (ggml warms its
-// graphs up uncaptured); pyqwen-deltanet.cu and pyqwen-fattn-decode.cu share them.
+// graphs up uncaptured); pyqwen-deltanet.cu's.
 #pragma once
 
 #include "common.cuh"

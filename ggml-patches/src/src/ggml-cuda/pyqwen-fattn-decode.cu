@@ -1,7 +1,6 @@
 // ggml's FLASH_ATTN_EXT for decode and verify passes through pyqwen_fattn_decode (pyqwen-fattn-kernel.cuh).
 #include "pyqwen-fattn-decode.cuh"
 #include "pyqwen-fattn-kernel.cuh"
-#include "pyqwen-arrivals.cuh"
 
 #include <atomic>
 
@@ -44,7 +43,7 @@ bool ggml_cuda_pyqwen_fattn_decode(ggml_backend_cuda_context & ctx, ggml_tensor 
     }
     const auto & dev = ggml_cuda_info().devices[ctx.device];
     if (!cp_async_available(dev.cc) || pfa_smem(D) > dev.smpbo) {
-        return false; // the kernel needs cp.async and mma (NVIDIA, Ampere on) and 74 KB of shared memory (D = 256)
+        return false; // the kernel needs cp.async and mma (NVIDIA, Ampere on) and 72 KB of shared memory (D = 256)
     }
     const int rows = (int) (n_head/n_head_kv*n_q);
     const int ctas_per_sm = D == 128 ? pfa_ctas_per_sm<128>(ctx.device) : pfa_ctas_per_sm<256>(ctx.device);
@@ -56,14 +55,16 @@ bool ggml_cuda_pyqwen_fattn_decode(ggml_backend_cuda_context & ctx, ggml_tensor 
         (const half *) K->data, (const half *) V->data, (int64_t) (K->nb[1]/sizeof(half)), (int64_t) (K->nb[2]/sizeof(half)),
         mask ? (const half *) mask->data : nullptr, mask ? (int64_t) (mask->nb[1]/sizeof(half)) : 0,
         (float *) dst->data, (int64_t) (dst->nb[2]/sizeof(float)), (int64_t) (dst->nb[1]/sizeof(float)),
-        partial.get(), pyqwen_arrivals(ctx.stream(), pfa_arrivals((int) n_head_kv)),
+        partial.get(),
         (int) n_q, (int) n_kv, (int) n_head, (int) n_head_kv, chunk, scale,
     };
-    const dim3 grid((unsigned) n_head_kv, (unsigned) nsplit);
+    const dim3 grid((unsigned) n_head_kv, (unsigned) nsplit), grid_combine((unsigned) n_head_kv, (unsigned) rows, (unsigned) (D/PFA_COMBINE_DIMS));
     if (D == 128) { // pfa_ctas_per_sm raised the shared memory limit
         pyqwen_fattn_decode<128><<<grid, PFA_THREADS, pfa_smem(128), ctx.stream()>>>(a);
+        pyqwen_fattn_combine<128><<<grid_combine, PFA_COMBINE_THREADS, 0, ctx.stream()>>>(a);
     } else {
         pyqwen_fattn_decode<256><<<grid, PFA_THREADS, pfa_smem(256), ctx.stream()>>>(a);
+        pyqwen_fattn_combine<256><<<grid_combine, PFA_COMBINE_THREADS, 0, ctx.stream()>>>(a);
     }
     CUDA_CHECK(cudaGetLastError());
     return true;

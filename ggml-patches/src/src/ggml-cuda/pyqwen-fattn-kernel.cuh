@@ -1,8 +1,8 @@
 // Decode attention for up to 8 query rows (query heads times tokens) over an f16 KV cache, split over the
-// cache within one launch (the seed article's decode kernel): CTA (h, s) takes kv head h's positions
+// cache (the seed article's decode kernel): CTA (h, s) takes kv head h's positions
 // [s*chunk, (s + 1)*chunk) for the G = n_head/n_head_kv query heads that read it (ggml's grouping: query head
 // h*G + g), R = G*n_q rows in all, and leaves each row's maximum score, sum of exponentials and
-// exponential-weighted V sum; the last CTAs to finish merge the splits and write the rows (pfa_merge).
+// exponential-weighted V sum; a second kernel, pyqwen_fattn_combine, merges the splits and writes the rows.
 // A CTA streams its positions as tiles of 32 K and V rows through PFA_STAGES buffers in shared memory (cp.async),
 // the copies of the next tiles in flight while a tile is used, and takes the scores and the V sums on tensor
 // cores: the rows are the m of the mma tiles (padded to 16), positions and dims their n. On the H200, for a 9B
@@ -22,17 +22,17 @@
 // PFA_STAGES and PFA_MAX_SPLITS may be set at build time: fattn_decode_bench is built with other values to compare.
 #ifndef PFA_STAGES
 #define PFA_STAGES   2   // tiles of K and V in shared memory: the one being read and the next on its way (3 took
-                         // as long on the H200, and 74 KB a CTA at D = 256 fits the 99 KB of Ampere's and Ada's
+                         // as long on the H200, and 72 KB a CTA at D = 256 fits the 99 KB of Ampere's and Ada's
                          // desktop GPUs, where three stages' 108 KB sent them to upstream's kernels)
 #endif // PFA_STAGES
 #define PFA_THREADS    128 // 4 warps: a warp scores 8 positions of a tile and sums D/4 dims of V
 #define PFA_TILE       32  // positions a tile (a lane each in the softmax)
 #ifndef PFA_MAX_SPLITS
-#define PFA_MAX_SPLITS 104 // splits of a kv head's positions, at most (the merge's weights fill a row of sc): the
-                           // H200's 3 CTAs an SM over 4 kv heads make 99
+#define PFA_MAX_SPLITS 128 // splits of a kv head's positions, at most (a combine thread each): the H200's 3 CTAs an
+                           // SM over 4 kv heads make 99
 #endif // PFA_MAX_SPLITS
-#define PFA_GROUP      8   // splits merged by the last of them to finish, before the groups are (past 16 splits)
-#define PFA_MAX_GROUPS (PFA_MAX_SPLITS/PFA_GROUP)
+#define PFA_COMBINE_THREADS 256 // pyqwen_fattn_combine: a CTA merges PFA_COMBINE_DIMS dims of a row
+#define PFA_COMBINE_DIMS    64
 #define PFA_MAX_ROWS   8   // G*n_q, the m of the mma tiles (of 16): a decode token's 4 query heads a kv head (Qwen3.5) times 2
 #define PFA_PAD        8   // halves after each K, V and q row in shared memory: rows 8 apart start 4 banks apart
 
@@ -46,7 +46,6 @@ struct pfa_args {
     float        * dst;      // row i, head j, dim d at dst[i*dst_row + j*dst_head + d]
     int64_t        dst_row, dst_head;
     float        * partial;  // [kv head][split][R][pfa_row(D)]: weighted V sums, max, sum, padding
-    unsigned int * arrivals; // [kv head][group], then [kv head]: zero, and left zero (pfa_arrivals of them)
     int            n_q, n_kv, n_head, n_head_kv, chunk;
     float          scale;
 };
@@ -56,8 +55,8 @@ static constexpr __host__ __device__ int pfa_row(const int D) {
     return D + 4;
 }
 
-// Shared memory of a CTA: PFA_STAGES tiles of K and V rows, the queries (f16), the scores of a tile (in the
-// merge: the splits' weights), the weights of a tile (f16).
+// Shared memory of a CTA: PFA_STAGES tiles of K and V rows, the queries (f16), the scores of a tile, the
+// weights of a tile (f16).
 static constexpr __host__ __device__ int pfa_stride(const int D) {
     return D + PFA_PAD;
 }
@@ -66,13 +65,13 @@ static constexpr __host__ __device__ int pfa_p_stride() {
     return PFA_TILE + PFA_PAD; // 20 words: the 8 rows' words c of an mma fragment in 8 distinct bank quads
 }
 
-static constexpr __host__ __device__ size_t pfa_smem(const int D) {
-    return (size_t) (PFA_STAGES*2*PFA_TILE + PFA_MAX_ROWS)*pfa_stride(D)*sizeof(half) +
-           (size_t) PFA_MAX_ROWS*PFA_MAX_SPLITS*sizeof(float) + (size_t) PFA_MAX_ROWS*pfa_p_stride()*sizeof(half);
+static constexpr __host__ __device__ int pfa_s_stride() {
+    return PFA_TILE + 8; // floats: the 8 rows' float2 stores of a fragment 8 banks apart
 }
 
-static constexpr int pfa_arrivals(const int n_head_kv) {
-    return n_head_kv*(PFA_MAX_GROUPS + 1);
+static constexpr __host__ __device__ size_t pfa_smem(const int D) {
+    return (size_t) (PFA_STAGES*2*PFA_TILE + PFA_MAX_ROWS)*pfa_stride(D)*sizeof(half) +
+           (size_t) PFA_MAX_ROWS*pfa_s_stride()*sizeof(float) + (size_t) PFA_MAX_ROWS*pfa_p_stride()*sizeof(half);
 }
 
 static size_t pfa_partial_floats(const int D, const int n_head_kv, const int nsplit, const int rows) {
@@ -134,78 +133,6 @@ static __device__ __forceinline__ void pfa_ldmatrix4(unsigned (&r)[4], const hal
 #endif // CP_ASYNC_AVAILABLE
 }
 
-// Another CTA's partial result, from L2 (past the L1, which may hold what this SM read before it was written).
-template <typename T>
-static __device__ __forceinline__ T pfa_load_l2(const T * p) {
-#ifdef CP_ASYNC_AVAILABLE
-    return __ldcg(p);
-#else
-    GGML_UNUSED(p);
-    NO_DEVICE_CODE;
-    return T();
-#endif // CP_ASYNC_AVAILABLE
-}
-
-// Merges n partial results of kv head h's R rows (weighted V sums, maximum, sum), `stride` partials apart from
-// `in`, into the partial at `out` (which may be `in`: a thread writes what it alone read), or, where out is
-// nullptr, into the rows of dst. All threads of the CTA call it; sc, row_max and row_sum are its scratch.
-template <int D>
-static __device__ void pfa_merge(const pfa_args & a, const int h, const int R, const float * in, const int n, const int stride,
-                                 float * out, float * sc, float * row_max, float * row_sum) {
-    constexpr int ROW = pfa_row(D), COLS = D/4, NW = PFA_THREADS/WARP_SIZE, SC = PFA_MAX_SPLITS, GR = PFA_GROUP;
-    const int t = threadIdx.x, lane = t % WARP_SIZE, warp = t / WARP_SIZE, G = a.n_head/a.n_head_kv;
-    // a warp a row: the weights exp(m_s - M) into sc, the row's maximum and total
-    for (int r = warp; r < R; r += NW) {
-        float M = -INFINITY;
-        for (int s = lane; s < n; s += WARP_SIZE) {
-            M = fmaxf(M, pfa_load_l2(in + ((int64_t) s*stride*R + r)*ROW + D));
-        }
-        M = warp_reduce_max(M);
-        float L = 0.0f;
-        for (int s = lane; s < n; s += WARP_SIZE) {
-            const float * ps = in + ((int64_t) s*stride*R + r)*ROW;
-            const float m = pfa_load_l2(ps + D);
-            const float w = m == -INFINITY ? 0.0f : expf(m - M);
-            sc[r*SC + s] = w;
-            L += w*pfa_load_l2(ps + D + 1);
-        }
-        L = warp_reduce_sum(L);
-        if (lane == 0) {
-            row_max[r] = M;
-            row_sum[r] = L;
-        }
-    }
-    __syncthreads();
-    // a thread a float4 column of PFA_THREADS/COLS rows at a time, a group's loads in flight together
-    const int col = t % COLS;
-    for (int r = t / COLS; r < R; r += PFA_THREADS/COLS) {
-        float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-#pragma unroll GR
-        for (int s = 0; s < n; ++s) {
-            const float w = sc[r*SC + s];
-            const float4 v = pfa_load_l2((const float4 *) (in + ((int64_t) s*stride*R + r)*ROW) + col);
-            o.x += w*v.x;
-            o.y += w*v.y;
-            o.z += w*v.z;
-            o.w += w*v.w;
-        }
-        if (out) {
-            *(float4 *) (out + r*ROW + 4*col) = o;
-            if (col == 0) {
-                out[r*ROW + D]     = row_max[r];
-                out[r*ROW + D + 1] = row_sum[r];
-            }
-        } else {
-            const float inv = row_sum[r] > 0.0f ? 1.0f/row_sum[r] : 0.0f;
-            float * dst = a.dst + (r / G)*a.dst_row + (h*G + r % G)*a.dst_head + 4*col;
-            dst[0] = o.x*inv;
-            dst[1] = o.y*inv;
-            dst[2] = o.z*inv;
-            dst[3] = o.w*inv;
-        }
-    }
-}
-
 template <int D>
 static __global__ void __launch_bounds__(PFA_THREADS)
 pyqwen_fattn_decode(const pfa_args a) {
@@ -216,10 +143,10 @@ pyqwen_fattn_decode(const pfa_args a) {
     constexpr int DW   = D/NW;                       // dims of V a warp sums
     constexpr int ROW  = pfa_row(D);
     constexpr int MR   = PFA_MAX_ROWS/NW;            // rows a warp takes in the softmax
-    constexpr int SC   = PFA_MAX_SPLITS;             // a row's stride in sc
+    constexpr int SC   = pfa_s_stride();             // a row's stride in sc
     constexpr int RC   = D/8;                        // 16-byte chunks of a row
     static_assert(PFA_TILE == NW*8 && PFA_TILE == WARP_SIZE && DW % 16 == 0 && PFA_MAX_ROWS % NW == 0 &&
-                  PFA_THREADS % (D/4) == 0 && PFA_THREADS % RC == 0 && SC >= PFA_TILE && PFA_STAGES >= 1,
+                  PFA_THREADS % RC == 0 && PFA_STAGES >= 1,
                   "a warp 8 positions (an mma's n) and whole 16-dim pairs of V, a lane a position in the softmax");
     const int h = blockIdx.x, split = blockIdx.y, nsplit = gridDim.y;
     const int G = a.n_head/a.n_head_kv, R = G*a.n_q;
@@ -232,7 +159,6 @@ pyqwen_fattn_decode(const pfa_args a) {
     float * sc    = (float *) (qh + PFA_MAX_ROWS*KS);           // [PFA_MAX_ROWS][SC]: a tile's scores
     half  * ph    = (half *) (sc + PFA_MAX_ROWS*SC);            // [PFA_MAX_ROWS][PS]: a tile's weights, zero past row R
     __shared__ float row_max[PFA_MAX_ROWS], row_sum[PFA_MAX_ROWS], corr[PFA_MAX_ROWS];
-    __shared__ bool last;
 
     // tile i's K and V rows into stage i % PFA_STAGES, one group of copies a tile (an empty group past the last
     // tile, so that pfa_wait counts alike every tile); rows past the split repeat its last row, scored as masked
@@ -367,42 +293,64 @@ pyqwen_fattn_decode(const pfa_args a) {
         part[t*ROW + D]     = row_max[t];
         part[t*ROW + D + 1] = row_sum[t];
     }
-
-    // past 2*PFA_GROUP splits, the last CTA of each group of PFA_GROUP to finish merges the group into its first
-    // partial, and the last group to finish merges the groups and writes the rows: two short serial tails where
-    // one CTA would read 86 splits x 4 rows x 1 KB at depth 8192 on the H200; up to 2*PFA_GROUP, one merge of them all is
-    // the shorter (2.5 us a layer at depth 512 on the H200, bench/RESULTS.md)
-    const int group = nsplit > 2*PFA_GROUP ? PFA_GROUP : nsplit;
-    const int grp = split / group, ngroups = (nsplit + group - 1)/group;
-    const unsigned int in_group = min(group, nsplit - grp*group);
-    float * all = a.partial + (int64_t) h*nsplit*R*ROW, * first = all + (int64_t) grp*group*R*ROW;
-    __threadfence();
-    __syncthreads();
-    if (t == 0) {
-        last = atomicInc(&a.arrivals[h*PFA_MAX_GROUPS + grp], in_group - 1) == in_group - 1;
-    }
-    __syncthreads();
-    if (!last) {
-        return;
-    }
-    __threadfence();
-    pfa_merge<D>(a, h, R, first, in_group, 1, ngroups > 1 ? first : nullptr, sc, row_max, row_sum);
-    if (ngroups == 1) {
-        return;
-    }
-    __threadfence();
-    __syncthreads();
-    if (t == 0) {
-        last = atomicInc(&a.arrivals[a.n_head_kv*PFA_MAX_GROUPS + h], (unsigned int) ngroups - 1) == (unsigned int) ngroups - 1;
-    }
-    __syncthreads();
-    if (!last) {
-        return;
-    }
-    __threadfence();
-    pfa_merge<D>(a, h, R, all, ngroups, group, nullptr, sc, row_max, row_sum);
 #else
     GGML_UNUSED(a);
     NO_DEVICE_CODE;
 #endif // CP_ASYNC_AVAILABLE
+}
+
+// CTA (h, r, z) merges kv head h's row r over the splits, dims z*PFA_COMBINE_DIMS on, and writes them: each
+// split's weight exp(m_s - M) from the maxima (a thread a split), then a thread a float4 column of every
+// PFA_COMBINE_THREADS/(PFA_COMBINE_DIMS/4)-th split, summed in shared memory. A launch of its own: where the
+// last CTAs of the first kernel to finish merged the splits (fences, atomics, serial rounds of loads), that
+// took 4 us a layer at depth 512 and 7.5 us at depth 8448 on the H200 (bench/RESULTS.md, thirteenth session).
+template <int D>
+static __global__ void __launch_bounds__(PFA_COMBINE_THREADS)
+pyqwen_fattn_combine(const pfa_args a) {
+    constexpr int ROW = pfa_row(D), COLS = PFA_COMBINE_DIMS/4, PHASES = PFA_COMBINE_THREADS/COLS;
+    static_assert(PFA_COMBINE_THREADS >= PFA_MAX_SPLITS && D % PFA_COMBINE_DIMS == 0, "a thread a split's weight");
+    const int h = blockIdx.x, r = blockIdx.y, d0 = blockIdx.z*PFA_COMBINE_DIMS, t = threadIdx.x;
+    const int G = a.n_head/a.n_head_kv, R = G*a.n_q, nsplit = (a.n_kv + a.chunk - 1)/a.chunk;
+    const float * part = a.partial + ((int64_t) h*nsplit*R + r)*ROW; // split s's row at part + s*R*ROW
+    __shared__ float w[PFA_MAX_SPLITS], red_max[WARP_SIZE], red_sum[WARP_SIZE];
+    __shared__ float4 sums[PHASES][COLS];
+
+    const float2 ml = t < nsplit ? *(const float2 *) (part + (int64_t) t*R*ROW + D) : make_float2(-INFINITY, 0.0f);
+    const float M  = block_reduce<block_reduce_method::MAX, PFA_COMBINE_THREADS>(ml.x, red_max);
+    const float ws = ml.x == -INFINITY ? 0.0f : expf(ml.x - M);
+    if (t < nsplit) {
+        w[t] = ws;
+    }
+    const float L = block_reduce<block_reduce_method::SUM, PFA_COMBINE_THREADS>(ws*ml.y, red_sum);
+    __syncthreads(); // w
+
+    const int col = t % COLS, phase = t / COLS;
+    float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll 8
+    for (int s = phase; s < nsplit; s += PHASES) {
+        const float  ws_ = w[s];
+        const float4 v   = *(const float4 *) (part + (int64_t) s*R*ROW + d0 + 4*col);
+        o.x += ws_*v.x;
+        o.y += ws_*v.y;
+        o.z += ws_*v.z;
+        o.w += ws_*v.w;
+    }
+    sums[phase][col] = o;
+    __syncthreads();
+    if (t < COLS) {
+        float4 sum = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+        for (int p = 0; p < PHASES; ++p) {
+            sum.x += sums[p][t].x;
+            sum.y += sums[p][t].y;
+            sum.z += sums[p][t].z;
+            sum.w += sums[p][t].w;
+        }
+        const float inv = L > 0.0f ? 1.0f/L : 0.0f;
+        float * dst = a.dst + (r / G)*a.dst_row + (h*G + r % G)*a.dst_head + d0 + 4*t;
+        dst[0] = sum.x*inv;
+        dst[1] = sum.y*inv;
+        dst[2] = sum.z*inv;
+        dst[3] = sum.w*inv;
+    }
 }
