@@ -1,4 +1,4 @@
-// FLASH_ATTN_EXT for decode and verify passes in one launch (the kernel: pyqwen-fattn-kernel.cuh).
+// FLASH_ATTN_EXT for decode and verify passes, split over the cache and merged (the kernels: pyqwen-fattn-kernel.cuh).
 #pragma once
 
 #include "common.cuh"

@@ -6,10 +6,10 @@
 // A CTA streams its positions as tiles of 32 K and V rows through PFA_STAGES buffers in shared memory (cp.async),
 // the copies of the next tiles in flight while a tile is used, and takes the scores and the V sums on tensor
 // cores: the rows are the m of the mma tiles (padded to 16), positions and dims their n. On the H200, for a 9B
-// decode token: 8.0 / 22.0 / 48.6 us a layer at depth 512 / 8192 / 32640; the same design in f32 FMAs took
-// 11.3 / 31.5 / 85.3, bound by its instructions, and the first, K and V loaded into registers a block at a
-// time, 11.9 / 35.5 / 96.8 (bench/RESULTS.md). Upstream runs a vector kernel and a separate combine kernel:
-// 8.9 + 2.8 us a layer at depth 512 (the census at 62ec107), mostly fixed cost.
+// decode token, both kernels: 6.5 / 18.6 / 43.7 us a layer at depth 512 / 8448 / 32640; with the merge in the
+// first kernel's last CTAs, 8.0 / 22.3 / 47.6; the same design in f32 FMAs, 11.3 / 31.5 / 85.3 at depth 512 /
+// 8192 / 32640, bound by its instructions (bench/RESULTS.md). Upstream runs a vector kernel and a separate
+// combine kernel: 8.9 + 2.8 us a layer at depth 512 (the census at 62ec107), mostly fixed cost.
 // NVIDIA Ampere on (cp.async, mma.m16n8k16); ggml calls it for FLASH_ATTN_EXT where it applies
 // (pyqwen-fattn-decode.cu); bench/fattn_decode_bench.cu checks and times it standalone.
 #pragma once
