@@ -317,23 +317,23 @@ pyqwen_fattn_combine(const pfa_args a) {
 
     const float2 ml = t < nsplit ? *(const float2 *) (part + (int64_t) t*R*ROW + D) : make_float2(-INFINITY, 0.0f);
     const float M  = block_reduce<block_reduce_method::MAX, PFA_COMBINE_THREADS>(ml.x, red_max);
-    const float ws = ml.x == -INFINITY ? 0.0f : expf(ml.x - M);
+    const float wt = ml.x == -INFINITY ? 0.0f : expf(ml.x - M); // split t's weight
     if (t < nsplit) {
-        w[t] = ws;
+        w[t] = wt;
     }
-    const float L = block_reduce<block_reduce_method::SUM, PFA_COMBINE_THREADS>(ws*ml.y, red_sum);
+    const float L = block_reduce<block_reduce_method::SUM, PFA_COMBINE_THREADS>(wt*ml.y, red_sum);
     __syncthreads(); // w
 
     const int col = t % COLS, phase = t / COLS;
     float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 #pragma unroll 8
     for (int s = phase; s < nsplit; s += PHASES) {
-        const float  ws_ = w[s];
-        const float4 v   = *(const float4 *) (part + (int64_t) s*R*ROW + d0 + 4*col);
-        o.x += ws_*v.x;
-        o.y += ws_*v.y;
-        o.z += ws_*v.z;
-        o.w += ws_*v.w;
+        const float  ws = w[s];
+        const float4 v  = *(const float4 *) (part + (int64_t) s*R*ROW + d0 + 4*col);
+        o.x += ws*v.x;
+        o.y += ws*v.y;
+        o.z += ws*v.z;
+        o.w += ws*v.w;
     }
     sums[phase][col] = o;
     __syncthreads();
