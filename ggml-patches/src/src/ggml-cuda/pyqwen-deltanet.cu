@@ -9,8 +9,11 @@
 #include "pyqwen-deltanet.cuh"
 #include "ggml-pyqwen.h"
 #include "pyqwen-deltanet-step.h"
-#include "pyqwen-arrivals.cuh"
 #include "pyqwen-graph.cuh"
+
+#include <algorithm>
+#include <map>
+#include <mutex>
 
 #define PQD_GROUP    8
 #define PQD_MAX_K1   (GGML_PYQWEN_DELTANET_PREP_CUDA_MAX_K - 1) // Qwen3.5 and Qwen3-Next: 3
@@ -130,6 +133,26 @@ pyqwen_deltanet_prep_kernel(
             }
         }
     }
+}
+
+// The step kernel's arrival counters (an atomicInc that wraps back to 0, so every launch leaves them at
+// zero): one zeroed set per stream, as launches on a stream run one at a time. Made on first use, which
+// runs before any CUDA graph capture (ggml warms its graphs up uncaptured).
+static unsigned int * pyqwen_arrivals(cudaStream_t stream, const int n) {
+    static std::mutex mutex;
+    static std::map<cudaStream_t, std::pair<unsigned int *, int>> sets;
+    std::lock_guard<std::mutex> lock(mutex);
+    std::pair<unsigned int *, int> & set = sets[stream];
+    if (set.second < n) {
+        if (set.first) {
+            CUDA_CHECK(cudaStreamSynchronize(stream));
+            CUDA_CHECK(cudaFree(set.first));
+        }
+        set.second = std::max(n, 64);
+        CUDA_CHECK(cudaMalloc(&set.first, set.second*sizeof(unsigned int)));
+        CUDA_CHECK(cudaMemsetAsync(set.first, 0, set.second*sizeof(unsigned int), stream));
+    }
+    return set.first;
 }
 
 // The whole DeltaNet step of a decode or verify pass in one kernel: the prep above, then
