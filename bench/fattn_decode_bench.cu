@@ -1,11 +1,11 @@
-// pyqwen_fattn_decode (ggml-patches/src/src/ggml-cuda/pyqwen-fattn-kernel.cuh) on its own: against a float64
-// reference of ggml's FLASH_ATTN_EXT (softmax(scale Q K^T + mask) V, query head j reading kv head j/G) on
-// random queries and f16 caches, with masked positions, for 1 and 2 query rows (4 heads each) and depths up to
-// 8192 (3100: 97 splits on the H200), outputs poisoned first; then the 9B shape's 8 attention
-// layers (16 query heads, 4 kv heads of 256), each reading its own cache, timed in a CUDA graph at depths 512,
-// 8192, 8448 (pyqwen's span at depth 8192) and 32640, 1 and 2 rows, to set beside upstream's 8.9 + 2.8 us a
-// layer at depth 512 (the census). -DPFA_STAGES=3 -DPFA_MAX_SPLITS=64 builds main adf278f's kernel, other
-// values other sizes. Builds in seconds from the patched tree:
+// pyqwen_fattn_decode and pyqwen_fattn_combine (ggml-patches/src/src/ggml-cuda/pyqwen-fattn-kernel.cuh) on their
+// own: against a float64 reference of ggml's FLASH_ATTN_EXT (softmax(scale Q K^T + mask) V, query head j reading
+// kv head j/G) on random queries and f16 caches, with masked positions, for 1 and 2 query rows (4 heads each) and
+// depths up to 8192 (3100: 97 splits on the H200), outputs poisoned first; then the 9B shape's 8 attention
+// layers (16 query heads, 4 kv heads of 256), each reading its own cache, timed in a CUDA graph, launched
+// without and with PDL, at depths 512, 8192, 8448 (pyqwen's span at depth 8192) and 32640, 1 and 2 rows, to set
+// beside upstream's 8.9 + 2.8 us a layer at depth 512 (the census). -DPFA_STAGES and -DPFA_MAX_SPLITS build
+// other sizes. Builds in seconds from the patched tree:
 //   G=vendor/ggml; nvcc -std=c++17 -O3 -arch=sm_90 -use_fast_math -extended-lambda -I$G/include -I$G/src \
 //     -I$G/src/ggml-cuda -DGGML_USE_CUDA bench/fattn_decode_bench.cu -o /tmp/fattn_decode_bench
 #include "pyqwen-fattn-kernel.cuh"
@@ -45,11 +45,27 @@ static int ctas_per_sm() {
     return c;
 }
 
+// one kernel, with programmatic dependent launch (as ggml-cuda launches it on Hopper) or without
+template <typename... Args>
+static void launch_kernel(void (*kernel)(Args...), dim3 grid, dim3 block, size_t smem, cudaStream_t st, bool pdl, const pfa_args & a) {
+    cudaLaunchAttribute attr = {};
+    attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr.val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = st;
+    cfg.attrs = pdl ? &attr : nullptr;
+    cfg.numAttrs = pdl ? 1 : 0;
+    CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, a));
+}
+
 // the two kernels, as pyqwen-fattn-decode.cu launches them
 template <int D>
-static void launch(const pfa_args & a, int nsplit, cudaStream_t st) {
-    pyqwen_fattn_decode<D><<<dim3(a.n_head_kv, nsplit), PFA_THREADS, pfa_smem(D), st>>>(a);
-    pyqwen_fattn_combine<D><<<dim3(a.n_head_kv, a.n_head/a.n_head_kv*a.n_q, D/PFA_COMBINE_DIMS), PFA_COMBINE_THREADS, 0, st>>>(a);
+static void launch(const pfa_args & a, int nsplit, cudaStream_t st, bool pdl = false) {
+    launch_kernel(pyqwen_fattn_decode<D>, dim3(a.n_head_kv, nsplit), dim3(PFA_THREADS), pfa_smem(D), st, pdl, a);
+    launch_kernel(pyqwen_fattn_combine<D>, dim3(a.n_head_kv, a.n_head/a.n_head_kv*a.n_q, D/PFA_COMBINE_DIMS), dim3(PFA_COMBINE_THREADS), 0, st, pdl, a);
 }
 
 struct device_buf {
@@ -165,7 +181,7 @@ int main() {
     }
     printf("\nPFA_STAGES %d, PFA_MAX_SPLITS %d, %d KB of shared memory a CTA, %d CTAs fit an SM\n", PFA_STAGES, PFA_MAX_SPLITS,
            (int) (pfa_smem(D)/1024), ctas);
-    printf("\n| depth | rows | splits for CTAs an SM | us a layer (8 layers in a graph) | K and V read, GB/s | splits |\n|---|---|---|---|---|---|\n");
+    printf("\n| depth | rows | splits for CTAs an SM | us a layer (8 layers in a graph) | with PDL | K and V read with PDL, GB/s | splits |\n|---|---|---|---|---|---|---|\n");
     for (int n_kv : {512, 8192, 8448, 32640}) { // 8448: pyqwen's span at depth 8192 and up (steps of 256)
         for (int n_q : {1, 2}) {
             for (const int c : cta_counts) {
@@ -178,18 +194,21 @@ int main() {
                 device_buf dm((size_t) n_q*n_kv*sizeof(half)); // every position visible, but read as the model's mask is
                 CUDA_CHECK(cudaMemset(dq.p, 0, (size_t) n_q*sh.n_head*D*sizeof(float)));
                 CUDA_CHECK(cudaMemset(dm.p, 0, (size_t) n_q*n_kv*sizeof(half)));
-                const double us = graph_us_per_replay(st, 100, [&] {
-                    for (int l = 0; l < layers; ++l) {
-                        const int64_t off = (int64_t) l*n_ctx*kv_pos;
-                        const pfa_args a = { dq.as<float>(), (int64_t) sh.n_head*D, D, lk.as<half>() + off, lv.as<half>() + off, kv_pos, kv_head,
-                                             dm.as<half>(), n_kv, dout.as<float>(), (int64_t) sh.n_head*D, D, partial.as<float>(),
-                                             n_q, n_kv, sh.n_head, sh.n_head_kv, chunk, 1.0f/16.0f };
-                        launch<256>(a, nsplit, st);
-                    }
-                })/layers;
+                double us[2];
+                for (const bool pdl : {false, true}) {
+                    us[pdl] = graph_us_per_replay(st, 100, [&] {
+                        for (int l = 0; l < layers; ++l) {
+                            const int64_t off = (int64_t) l*n_ctx*kv_pos;
+                            const pfa_args a = { dq.as<float>(), (int64_t) sh.n_head*D, D, lk.as<half>() + off, lv.as<half>() + off, kv_pos, kv_head,
+                                                 dm.as<half>(), n_kv, dout.as<float>(), (int64_t) sh.n_head*D, D, partial.as<float>(),
+                                                 n_q, n_kv, sh.n_head, sh.n_head_kv, chunk, 1.0f/16.0f };
+                            launch<256>(a, nsplit, st, pdl);
+                        }
+                    })/layers;
+                }
                 const double bytes = 2.0*n_kv*kv_pos*sizeof(half);
-                printf("| %d | %d | %d%s | %.2f | %.0f | %d of %d |\n", n_kv, n_q, c, c == ctas ? " (pfa_chunk's)" : "",
-                       us, bytes/us*1e-3, nsplit, chunk);
+                printf("| %d | %d | %d%s | %.2f | %.2f | %.0f | %d of %d |\n", n_kv, n_q, c, c == ctas ? " (pfa_chunk's)" : "",
+                       us[0], us[1], bytes/us[1]*1e-3, nsplit, chunk);
             }
         }
     }

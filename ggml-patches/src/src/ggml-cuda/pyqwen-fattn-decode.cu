@@ -59,13 +59,18 @@ bool ggml_cuda_pyqwen_fattn_decode(ggml_backend_cuda_context & ctx, ggml_tensor 
         (int) n_q, (int) n_kv, (int) n_head, (int) n_head_kv, chunk, scale,
     };
     const dim3 grid((unsigned) n_head_kv, (unsigned) nsplit), grid_combine((unsigned) n_head_kv, (unsigned) rows, (unsigned) (D/PFA_COMBINE_DIMS));
+    // with PDL where ggml-cuda uses it, though 0008 turns it off around this op for upstream's kernels: each of
+    // these waits for the kernels before it (ggml_cuda_pdl_sync) before it touches global memory
+    const bool pdl_off = ggml_cuda_pdl_off;
+    ggml_cuda_pdl_off = false;
     if (D == 128) { // pfa_ctas_per_sm raised the shared memory limit
-        pyqwen_fattn_decode<128><<<grid, PFA_THREADS, pfa_smem(128), ctx.stream()>>>(a);
-        pyqwen_fattn_combine<128><<<grid_combine, PFA_COMBINE_THREADS, 0, ctx.stream()>>>(a);
+        ggml_cuda_kernel_launch(pyqwen_fattn_decode<128>, ggml_cuda_kernel_launch_params(grid, dim3(PFA_THREADS), pfa_smem(128), ctx.stream()), a);
+        ggml_cuda_kernel_launch(pyqwen_fattn_combine<128>, ggml_cuda_kernel_launch_params(grid_combine, dim3(PFA_COMBINE_THREADS), 0, ctx.stream()), a);
     } else {
-        pyqwen_fattn_decode<256><<<grid, PFA_THREADS, pfa_smem(256), ctx.stream()>>>(a);
-        pyqwen_fattn_combine<256><<<grid_combine, PFA_COMBINE_THREADS, 0, ctx.stream()>>>(a);
+        ggml_cuda_kernel_launch(pyqwen_fattn_decode<256>, ggml_cuda_kernel_launch_params(grid, dim3(PFA_THREADS), pfa_smem(256), ctx.stream()), a);
+        ggml_cuda_kernel_launch(pyqwen_fattn_combine<256>, ggml_cuda_kernel_launch_params(grid_combine, dim3(PFA_COMBINE_THREADS), 0, ctx.stream()), a);
     }
+    ggml_cuda_pdl_off = pdl_off;
     CUDA_CHECK(cudaGetLastError());
     return true;
 }

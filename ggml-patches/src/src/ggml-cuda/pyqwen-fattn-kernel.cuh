@@ -175,6 +175,7 @@ pyqwen_fattn_decode(const pfa_args a) {
         }
         pfa_commit();
     };
+    ggml_cuda_pdl_sync(); // launched with PDL: the previous kernels' writes (the new K and V rows, q) are visible
 #pragma unroll
     for (int i = 0; i < PFA_STAGES - 1; ++i) {
         issue(i);
@@ -281,6 +282,8 @@ pyqwen_fattn_decode(const pfa_args a) {
         __syncthreads(); // the stage, sc and ph are rewritten next tile
     }
 
+    ggml_cuda_pdl_lc(); // the combine may launch: it waits for this grid to finish before it reads the partials
+
     // the partial rows: O's rows g < R, their maximum and sum
     float * part = a.partial + ((int64_t) h*nsplit + split)*R*ROW;
     if (g < R) {
@@ -315,6 +318,7 @@ pyqwen_fattn_combine(const pfa_args a) {
     __shared__ float w[PFA_MAX_SPLITS], red_max[WARP_SIZE], red_sum[WARP_SIZE];
     __shared__ float4 sums[PHASES][COLS];
 
+    ggml_cuda_pdl_sync(); // the partials
     const float2 ml = t < nsplit ? *(const float2 *) (part + (int64_t) t*R*ROW + D) : make_float2(-INFINITY, 0.0f);
     const float M  = block_reduce<block_reduce_method::MAX, PFA_COMBINE_THREADS>(ml.x, red_max);
     const float wt = ml.x == -INFINITY ? 0.0f : expf(ml.x - M); // split t's weight
@@ -335,6 +339,7 @@ pyqwen_fattn_combine(const pfa_args a) {
         o.z += ws*v.z;
         o.w += ws*v.w;
     }
+    ggml_cuda_pdl_lc(); // the next kernel waits for this grid to finish before it reads the rows
     sums[phase][col] = o;
     __syncthreads();
     if (t < COLS) {
