@@ -19,6 +19,25 @@ static int pfa_ctas_per_sm(const int device) {
     return c;
 }
 
+// The split (as many CTAs as fit the GPU), the partials' buffer, then both kernels, for `rows` rows a kv head.
+template <int D>
+static void pfa_run(ggml_backend_cuda_context & ctx, pfa_args a, const int rows) {
+    a.chunk = pfa_chunk(a.n_kv, a.n_head_kv, ggml_cuda_info().devices[ctx.device].nsm, pfa_ctas_per_sm<D>(ctx.device));
+    const int nsplit = (a.n_kv + a.chunk - 1)/a.chunk;
+    ggml_cuda_pool_alloc<float> partial(ctx.pool(), pfa_partial_floats(D, a.n_head_kv, nsplit, rows));
+    a.partial = partial.get();
+    // with PDL where ggml-cuda uses it, though 0008 turns it off around this op for upstream's kernels: each of
+    // these waits for the kernels before it (ggml_cuda_pdl_sync) before it touches global memory
+    const bool pdl_off = ggml_cuda_pdl_off;
+    ggml_cuda_pdl_off = false;
+    ggml_cuda_kernel_launch(pyqwen_fattn_decode<D>,
+        ggml_cuda_kernel_launch_params(dim3(a.n_head_kv, nsplit), dim3(PFA_THREADS), pfa_smem(D), ctx.stream()), a);
+    ggml_cuda_kernel_launch(pyqwen_fattn_combine<D>,
+        ggml_cuda_kernel_launch_params(dim3(a.n_head_kv, rows, D/PFA_COMBINE_DIMS), dim3(PFA_COMBINE_THREADS), 0, ctx.stream()), a);
+    ggml_cuda_pdl_off = pdl_off;
+    CUDA_CHECK(cudaGetLastError());
+}
+
 bool ggml_cuda_pyqwen_fattn_decode(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
     const ggml_tensor * Q = dst->src[0], * K = dst->src[1], * V = dst->src[2], * mask = dst->src[3];
     float scale, max_bias, softcap;
@@ -45,32 +64,19 @@ bool ggml_cuda_pyqwen_fattn_decode(ggml_backend_cuda_context & ctx, ggml_tensor 
     if (!cp_async_available(dev.cc) || pfa_smem(D) > dev.smpbo) {
         return false; // the kernel needs cp.async and mma (NVIDIA, Ampere on) and 72 KB of shared memory (D = 256)
     }
-    const int rows = (int) (n_head/n_head_kv*n_q);
-    const int ctas_per_sm = D == 128 ? pfa_ctas_per_sm<128>(ctx.device) : pfa_ctas_per_sm<256>(ctx.device);
-    const int chunk = pfa_chunk((int) n_kv, (int) n_head_kv, dev.nsm, ctas_per_sm);
-    const int nsplit = (int) ((n_kv + chunk - 1)/chunk);
-    ggml_cuda_pool_alloc<float> partial(ctx.pool(), pfa_partial_floats((int) D, (int) n_head_kv, nsplit, rows));
     const pfa_args a = {
         (const float *) Q->data, (int64_t) (Q->nb[1]/sizeof(float)), (int64_t) (Q->nb[2]/sizeof(float)),
         (const half *) K->data, (const half *) V->data, (int64_t) (K->nb[1]/sizeof(half)), (int64_t) (K->nb[2]/sizeof(half)),
         mask ? (const half *) mask->data : nullptr, mask ? (int64_t) (mask->nb[1]/sizeof(half)) : 0,
         (float *) dst->data, (int64_t) (dst->nb[2]/sizeof(float)), (int64_t) (dst->nb[1]/sizeof(float)),
-        partial.get(),
-        (int) n_q, (int) n_kv, (int) n_head, (int) n_head_kv, chunk, scale,
+        nullptr, // the partials: pfa_run's
+        (int) n_q, (int) n_kv, (int) n_head, (int) n_head_kv, 0, scale, // chunk: pfa_run's
     };
-    const dim3 grid((unsigned) n_head_kv, (unsigned) nsplit), grid_combine((unsigned) n_head_kv, (unsigned) rows, (unsigned) (D/PFA_COMBINE_DIMS));
-    // with PDL where ggml-cuda uses it, though 0008 turns it off around this op for upstream's kernels: each of
-    // these waits for the kernels before it (ggml_cuda_pdl_sync) before it touches global memory
-    const bool pdl_off = ggml_cuda_pdl_off;
-    ggml_cuda_pdl_off = false;
-    if (D == 128) { // pfa_ctas_per_sm raised the shared memory limit
-        ggml_cuda_kernel_launch(pyqwen_fattn_decode<128>, ggml_cuda_kernel_launch_params(grid, dim3(PFA_THREADS), pfa_smem(128), ctx.stream()), a);
-        ggml_cuda_kernel_launch(pyqwen_fattn_combine<128>, ggml_cuda_kernel_launch_params(grid_combine, dim3(PFA_COMBINE_THREADS), 0, ctx.stream()), a);
+    const int rows = (int) (n_head/n_head_kv*n_q);
+    if (D == 128) {
+        pfa_run<128>(ctx, a, rows);
     } else {
-        ggml_cuda_kernel_launch(pyqwen_fattn_decode<256>, ggml_cuda_kernel_launch_params(grid, dim3(PFA_THREADS), pfa_smem(256), ctx.stream()), a);
-        ggml_cuda_kernel_launch(pyqwen_fattn_combine<256>, ggml_cuda_kernel_launch_params(grid_combine, dim3(PFA_COMBINE_THREADS), 0, ctx.stream()), a);
+        pfa_run<256>(ctx, a, rows);
     }
-    ggml_cuda_pdl_off = pdl_off;
-    CUDA_CHECK(cudaGetLastError());
     return true;
 }
