@@ -88,9 +88,11 @@ struct dev_buf {
     template <typename T> T * as() const { return (T *) p; }
 };
 
-static void launch_quantize(const float * x, int k, int m, uint8_t * xq, float * xs, cudaStream_t st) {
-    ggml_cuda_kernel_launch(gemv_il_quantize<GEMV_IL_PLAIN>, ggml_cuda_kernel_launch_params(dim3(k/32), dim3(GEMV_IL_MAX_TOKENS*WARP_SIZE), 0, st),
-                            x, (int64_t) k, m, xq, xs, gemv_il_prologue_args{});
+// The activation quantization of m rows of x (k wide, stride_x apart), with a prologue (gemv_il_prologue).
+static void launch_quantize(const float * x, int64_t stride_x, int k, int m, uint8_t * xq, float * xs, cudaStream_t st,
+                            gemv_il_prologue prologue = GEMV_IL_PLAIN, const gemv_il_prologue_args & args = {}) {
+    ggml_cuda_kernel_launch(gemv_il_quantize_kernel(prologue), ggml_cuda_kernel_launch_params(dim3(k/32), dim3(GEMV_IL_MAX_TOKENS*WARP_SIZE), 0, st),
+                            x, stride_x, m, xq, xs, args);
 }
 
 // The kernel variants built here: (type, register stages S); gemv_il_stages(type) is pyqwen's choice.
@@ -125,10 +127,11 @@ static void launch_w4a8_to_q8_0(const uint8_t * w, uint8_t * q8, int k, int n, c
     CUDA_CHECK(cudaGetLastError());
 }
 
-static void launch_gemv(int type, int u, const uint8_t * w, const uint8_t * xq, const float * xs, float * y, int n, int k, int m, int nwarps, cudaStream_t st) {
+static void launch_gemv(int type, int u, const uint8_t * w, const uint8_t * xq, const float * xs, float * y, int n, int k, int m, int nwarps,
+                        cudaStream_t st, const gemv_il_epilogue & ep = {}) {
     const ggml_cuda_kernel_launch_params p(dim3((n + 15)/16), dim3(nwarps*WARP_SIZE), 0, st);
     const int8_t * const * luts = type == GEMV_IL_W4A8 ? device_w4a8_luts() : nullptr;
-    ggml_cuda_kernel_launch(gemv_kernel(type, u), p, w, luts, xq, xs, y, n, k, m, (int64_t) n, gemv_il_epilogue());
+    ggml_cuda_kernel_launch(gemv_kernel(type, u), p, w, luts, xq, xs, y, n, k, m, (int64_t) n, ep);
 }
 
 // upstream has no kernel for pyqwen's W4A8 (pyqwen expands it to Q8_0 there: compare with the Q8_0 rows)
@@ -330,7 +333,7 @@ static void run_shape(int type, const shape & sh, uint64_t seed, cudaStream_t st
         ref_quantize(k, m, x.data(), qm.data(), dm.data(), sm.data());
         ref_interleave_activations(k, qm.data(), dm.data(), sm.data(), xq_host.data(), xs_host.data());
         CUDA_CHECK(cudaMemsetAsync(d_xq.p, 0x55, xq_host.size(), st));
-        launch_quantize(d_x.as<float>(), k, m, d_xq.as<uint8_t>(), d_xs.as<float>(), st);
+        launch_quantize(d_x.as<float>(), k, k, m, d_xq.as<uint8_t>(), d_xs.as<float>(), st);
         CUDA_CHECK(cudaGetLastError());
         CUDA_CHECK(cudaMemcpyAsync(xq_dev.data(), d_xq.p, xq_dev.size(), cudaMemcpyDeviceToHost, st));
         CUDA_CHECK(cudaMemcpyAsync(xs_dev.data(), d_xs.p, xs_dev.size()*4, cudaMemcpyDeviceToHost, st));
@@ -396,12 +399,12 @@ static void run_shape(int type, const shape & sh, uint64_t seed, cudaStream_t st
     for (int m = 1; m <= GEMV_IL_MAX_TOKENS; ++m) {
         result_row row{type, k, n, m};
         row.nwarps = nw_auto;
-        launch_quantize(d_x.as<float>(), k, m, d_xq.as<uint8_t>(), d_xs.as<float>(), st);
+        launch_quantize(d_x.as<float>(), k, k, m, d_xq.as<uint8_t>(), d_xs.as<float>(), st);
         row.ours_us = time_graph(st, len, [&](int i) {
             launch_gemv(type, gemv_il_stages(type), rot_il[i % nrot]->as<uint8_t>(), d_xq.as<uint8_t>(), d_xs.as<float>(), d_y.as<float>(), n, k, m, nw_auto, st);
         });
         row.ours_q_us = time_graph(st, len, [&](int i) {
-            launch_quantize(d_x.as<float>(), k, m, d_xq.as<uint8_t>(), d_xs.as<float>(), st);
+            launch_quantize(d_x.as<float>(), k, k, m, d_xq.as<uint8_t>(), d_xs.as<float>(), st);
             launch_gemv(type, gemv_il_stages(type), rot_il[i % nrot]->as<uint8_t>(), d_xq.as<uint8_t>(), d_xs.as<float>(), d_y.as<float>(), n, k, m, nw_auto, st);
         });
 #ifdef GEMV_BENCH_UPSTREAM
@@ -440,47 +443,72 @@ static const token_shape token_shapes[] = {
 // token's GEMVs cost against the read ceiling, launch gaps and tails included (the census of
 // bench/census.py has the same kernels inside the model); GGML_CUDA_PDL=0 in the environment turns
 // programmatic dependent launch off (pyqwen keeps it on for these kernels), GEMV_TOKEN_QUANT=0 the
-// quantization launches.
+// quantization launches. GEMV_TOKEN_PROLOGUES=1: each quantization computes what pyqwen fuses into it
+// (the input norms from the sums of squares the residual GEMV before wrote, the gated norm before
+// ssm_out, the output gate before wo, SwiGLU before ffn_down), and ssm_out, wo and ffn_down add the
+// residual and write those sums, as in the model; else every quantization is the plain one.
 static void run_token(int type, const token_shape & sh, double ceil_gbs, cudaStream_t st) {
-    struct gemv { int type, k, n; size_t at; };
+    // prologue: the quantization's (gemv_il_prologue); residual: the GEMV adds the residual and writes the sums
+    struct gemv { int type, k, n; size_t at; gemv_il_prologue prologue; bool residual; };
     std::vector<gemv> seq;
     size_t bytes = 0;
-    const auto add = [&](int t, int k, int n) {
-        seq.push_back({t, k, n, bytes});
+    const auto add = [&](int t, int k, int n, gemv_il_prologue prologue, bool residual) {
+        seq.push_back({t, k, n, bytes, prologue, residual});
         bytes += (size_t) n*gemv_il_row_bytes(t, k);
     };
     for (int il = 0; il < sh.layers; ++il) {
-        add(type, sh.hidden, il % 4 == 3 ? sh.attn_qkv : sh.dn_in);
-        add(type, sh.k_mid, sh.hidden);
-        add(type, sh.hidden, 2*sh.ffn);
-        add(type, sh.ffn, sh.hidden);
+        const bool attn = il % 4 == 3;
+        add(type, sh.hidden, attn ? sh.attn_qkv : sh.dn_in, GEMV_IL_RMS_NORM, false);
+        add(type, sh.k_mid, sh.hidden, attn ? GEMV_IL_SIGMOID_GATE : GEMV_IL_GATED_NORM, true);
+        add(type, sh.hidden, 2*sh.ffn, GEMV_IL_RMS_NORM, false);
+        add(type, sh.ffn, sh.hidden, GEMV_IL_SWIGLU, true);
     }
-    add(GEMV_IL_Q6_K, sh.hidden, 248320);
-    const int kmax = sh.ffn;
-    dev_buf w(bytes), x((size_t) kmax*GEMV_IL_MAX_TOKENS*sizeof(float)), y((size_t) 248320*GEMV_IL_MAX_TOKENS*sizeof(float));
+    add(GEMV_IL_Q6_K, sh.hidden, 248320, GEMV_IL_RMS_NORM, false);
+    const int kmax = sh.ffn, ntiles = sh.hidden/GEMV_IL_TILE_ROWS;
+    const int64_t stride_x = 2*kmax; // SwiGLU's rows hold gate | up
+    dev_buf w(bytes), x((size_t) stride_x*GEMV_IL_MAX_TOKENS*sizeof(float)), y((size_t) 248320*GEMV_IL_MAX_TOKENS*sizeof(float));
     dev_buf xq(gemv_il_xq_bytes(kmax)), xs(2*gemv_il_xs_count(kmax)*sizeof(float));
+    dev_buf z((size_t) sh.k_mid*GEMV_IL_MAX_TOKENS*sizeof(float)), norm_w((size_t) kmax*sizeof(float));
+    dev_buf sums((size_t) ntiles*GEMV_IL_MAX_TOKENS*sizeof(float));
     CUDA_CHECK(cudaMemsetAsync(w.p, 0x11, bytes, st));
-    CUDA_CHECK(cudaMemsetAsync(x.p, 0, (size_t) kmax*GEMV_IL_MAX_TOKENS*sizeof(float), st));
+    CUDA_CHECK(cudaMemsetAsync(x.p, 0, (size_t) stride_x*GEMV_IL_MAX_TOKENS*sizeof(float), st));
+    CUDA_CHECK(cudaMemsetAsync(z.p, 0, (size_t) sh.k_mid*GEMV_IL_MAX_TOKENS*sizeof(float), st));
+    CUDA_CHECK(cudaMemsetAsync(norm_w.p, 0, (size_t) kmax*sizeof(float), st));
+    CUDA_CHECK(cudaMemsetAsync(sums.p, 0, (size_t) ntiles*GEMV_IL_MAX_TOKENS*sizeof(float), st));
     std::vector<int> nwarps;
     for (const gemv & g : seq) nwarps.push_back(pick_nwarps(g.type, g.n, g.k));
     if (type == GEMV_IL_W4A8) device_w4a8_luts();  // made before the capture, which cannot allocate
     const char * pdl = getenv("GGML_CUDA_PDL");
     // GEMV_TOKEN_QUANT=0: the GEMVs alone, on codes quantized once before the graph: what the 129
     // quantization launches on the critical path cost, the most an in-GEMV quantization could save
-    const char * quant_env = getenv("GEMV_TOKEN_QUANT");
-    const bool quant = !quant_env || atoi(quant_env) != 0;
-    launch_quantize(x.as<float>(), kmax, GEMV_IL_MAX_TOKENS, xq.as<uint8_t>(), xs.as<float>(), st);
+    const char * quant_env = getenv("GEMV_TOKEN_QUANT"), * prologues_env = getenv("GEMV_TOKEN_PROLOGUES");
+    const bool quant = !quant_env || atoi(quant_env) != 0, prologues = prologues_env && atoi(prologues_env) != 0;
+    launch_quantize(x.as<float>(), stride_x, kmax, GEMV_IL_MAX_TOKENS, xq.as<uint8_t>(), xs.as<float>(), st);
     printf("\n| %s %s token, PDL %s%s | M | us per token | GEMV launches | GB | TB/s | %% of read |\n|---|---|---|---|---|---|---|\n",
-           sh.name, type_name(type), pdl && atoi(pdl) == 0 ? "off" : "on", quant ? "" : ", no quantization");
+           sh.name, type_name(type), pdl && atoi(pdl) == 0 ? "off" : "on",
+           !quant ? ", no quantization" : prologues ? ", the model's prologues and residuals" : "");
     for (int m : {1, 8}) {
         const double us = time_graph(st, 1, [&](int) {
             for (size_t i = 0; i < seq.size(); ++i) {
                 const gemv & g = seq[i];
+                gemv_il_prologue_args args;
+                gemv_il_epilogue ep;
+                const gemv_il_prologue prologue = prologues ? g.prologue : GEMV_IL_PLAIN;
+                if (prologue == GEMV_IL_RMS_NORM) {
+                    args.w = norm_w.as<float>(); args.eps = 1e-6f; args.sums = sums.as<float>(); args.ntiles = ntiles;
+                } else if (prologue == GEMV_IL_GATED_NORM || prologue == GEMV_IL_SIGMOID_GATE) {
+                    args.z = z.as<float>(); args.stride_z = sh.k_mid;
+                    args.head = prologue == GEMV_IL_GATED_NORM ? 128 : 256; // a DeltaNet head, an attention head
+                    args.w = norm_w.as<float>(); args.eps = 1e-6f; args.stride_zh = args.head;
+                }
+                if (prologues && g.residual) {
+                    ep.res = y.as<float>(); ep.stride_res = g.n; ep.sums = sums.as<float>();
+                }
                 if (quant) {
-                    launch_quantize(x.as<float>(), g.k, m, xq.as<uint8_t>(), xs.as<float>(), st);
+                    launch_quantize(x.as<float>(), stride_x, g.k, m, xq.as<uint8_t>(), xs.as<float>(), st, prologue, args);
                 }
                 launch_gemv(g.type, gemv_il_stages(g.type), w.as<uint8_t>() + g.at, xq.as<uint8_t>(), xs.as<float>(), y.as<float>(),
-                            g.n, g.k, m, nwarps[i], st);
+                            g.n, g.k, m, nwarps[i], st, ep);
             }
         });
         printf("| | %d | %.1f | %zu | %.2f | %.2f | %.0f |\n", m, us, seq.size(), bytes*1e-9, bytes*1e-6/us, 100.0*bytes*1e-3/us/ceil_gbs);

@@ -154,16 +154,6 @@ static int gemv_il_nwarps(const int device, const int type, const int64_t n, con
     return gemv_il_pick_nwarps(n, k, nsm, [device, type](int nw) { return gemv_il_ctas_per_sm(device, type, nw); });
 }
 
-static decltype(&gemv_il_quantize<GEMV_IL_PLAIN>) gemv_il_quantize_kernel(const gemv_il_prologue prologue) {
-    switch (prologue) {
-        case GEMV_IL_RMS_NORM:     return gemv_il_quantize<GEMV_IL_RMS_NORM>;
-        case GEMV_IL_SWIGLU:       return gemv_il_quantize<GEMV_IL_SWIGLU>;
-        case GEMV_IL_GATED_NORM:   return gemv_il_quantize<GEMV_IL_GATED_NORM>;
-        case GEMV_IL_SIGMOID_GATE: return gemv_il_quantize<GEMV_IL_SIGMOID_GATE>;
-        default:                   return gemv_il_quantize<GEMV_IL_PLAIN>;
-    }
-}
-
 // dst = W x prologue(x) (+ res) for m token rows of x (row stride stride_x floats), 8 rows per launch pair.
 // With `argmax` (I32, m elements) dst is not written: argmax gets the row of each token's largest product.
 // With `sums` (m <= 8) the GEMV also leaves its outputs' sums of squares there (gemv_il_epilogue::sums).

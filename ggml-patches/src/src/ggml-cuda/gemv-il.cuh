@@ -609,6 +609,17 @@ gemv_il_quantize(const float * x, const int64_t stride_x, const int m, uint8_t *
     }
 }
 
+// The quantization kernel of a prologue known at run time.
+static decltype(&gemv_il_quantize<GEMV_IL_PLAIN>) gemv_il_quantize_kernel(const gemv_il_prologue prologue) {
+    switch (prologue) {
+        case GEMV_IL_RMS_NORM:     return gemv_il_quantize<GEMV_IL_RMS_NORM>;
+        case GEMV_IL_SWIGLU:       return gemv_il_quantize<GEMV_IL_SWIGLU>;
+        case GEMV_IL_GATED_NORM:   return gemv_il_quantize<GEMV_IL_GATED_NORM>;
+        case GEMV_IL_SIGMOID_GATE: return gemv_il_quantize<GEMV_IL_SIGMOID_GATE>;
+        default:                   return gemv_il_quantize<GEMV_IL_PLAIN>;
+    }
+}
+
 // Calls f(std::integral_constant<int, type>()) for a type known at run time: picks a kernel instance.
 template <typename F>
 static auto gemv_il_dispatch(const int type, F && f) {
