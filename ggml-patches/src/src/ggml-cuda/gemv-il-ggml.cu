@@ -311,9 +311,10 @@ static bool gemv_il_takes(const ggml_tensor * mm, const int64_t m) {
            mm->nb[0] == sizeof(float) && m <= GEMV_IL_MAX_TOKENS*GEMV_IL_MAX_GROUPS;
 }
 
-// A row-vector norm weight of n floats.
+// A row-vector norm weight of n floats that no node computes: the quantization loads it before it waits for
+// the previous kernel.
 static bool gemv_il_is_norm_weight(const ggml_tensor * w, const int64_t n) {
-    return w->type == GGML_TYPE_F32 && ggml_is_contiguous(w) && w->ne[0] == n && ggml_nrows(w) == 1;
+    return w->op == GGML_OP_NONE && w->type == GGML_TYPE_F32 && ggml_is_contiguous(w) && w->ne[0] == n && ggml_nrows(w) == 1;
 }
 
 // The product mm takes the prologue's input x: f32 rows of x_cols.

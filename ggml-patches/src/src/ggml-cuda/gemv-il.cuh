@@ -564,7 +564,29 @@ gemv_il_quantize(const float * x, const int64_t stride_x, const int m, uint8_t *
     const int64_t k   = (int64_t) gridDim.x*32;
     const int64_t e   = b*32 + kk;
 
+    // the norms' weights are constants: loaded while the previous kernel finishes
+    [[maybe_unused]] float wn = 0.0f;
+    if constexpr (prologue == GEMV_IL_RMS_NORM) {
+        wn = p.w[e];
+    } else if constexpr (prologue == GEMV_IL_GATED_NORM) {
+        wn = p.w[e % p.head];
+    }
     ggml_cuda_pdl_sync();
+    // this token's inputs (u: SwiGLU's up value or the gate), loaded before the norms' sums so that their L2
+    // round trips overlap; one token per warp: the branches and the warp reductions are uniform
+    const float * row = x + tok*stride_x;
+    float v = 0.0f;
+    [[maybe_unused]] float u = 0.0f;
+    if (tok < m) {
+        v = row[e];
+        if constexpr (prologue == GEMV_IL_SWIGLU) {
+            u = row[k + e];
+        } else if constexpr (prologue == GEMV_IL_GATED_NORM) {
+            u = p.z[tok*p.stride_z + e];
+        } else if constexpr (prologue == GEMV_IL_SIGMOID_GATE) {
+            u = p.z[tok*p.stride_z + e / p.head * p.stride_zh + e % p.head];
+        }
+    }
     __shared__ float ss[GEMV_IL_MAX_TOKENS];
     if constexpr (prologue == GEMV_IL_RMS_NORM) {
         __shared__ float partial[GEMV_IL_MAX_TOKENS][GEMV_IL_MAX_TOKENS];
@@ -574,14 +596,11 @@ gemv_il_quantize(const float * x, const int64_t stride_x, const int m, uint8_t *
             gemv_il_cta_sum_squares(x, stride_x, m, k, partial, ss);
         }
     }
-    float v = 0.0f;
-    if (tok < m) { // one token per warp: the branch and the warp reductions are uniform
-        const float * row = x + tok*stride_x;
-        v = row[e];
+    if (tok < m) {
         if constexpr (prologue == GEMV_IL_RMS_NORM) {
-            v *= rsqrtf(ss[tok]/(float) k + p.eps)*p.w[e];
+            v *= rsqrtf(ss[tok]/(float) k + p.eps)*wn;
         } else if constexpr (prologue == GEMV_IL_SWIGLU) {
-            v = v/(1.0f + expf(-v))*row[k + e];
+            v = v/(1.0f + expf(-v))*u;
         } else if constexpr (prologue == GEMV_IL_GATED_NORM) {
             const int64_t h0 = e / p.head * p.head;
             float ss = 0.0f;
@@ -592,10 +611,9 @@ gemv_il_quantize(const float * x, const int64_t stride_x, const int m, uint8_t *
                     ss += row[h0 + i]*row[h0 + i];
                 }
             }
-            const float g = p.z[tok*p.stride_z + e];
-            v *= rsqrtf(ss/(float) p.head + p.eps)*p.w[e - h0]*(g/(1.0f + expf(-g)));
+            v *= rsqrtf(ss/(float) p.head + p.eps)*wn*(u/(1.0f + expf(-u)));
         } else if constexpr (prologue == GEMV_IL_SIGMOID_GATE) {
-            v *= 1.0f/(1.0f + expf(-p.z[tok*p.stride_z + e / p.head * p.stride_zh + e % p.head]));
+            v *= 1.0f/(1.0f + expf(-u));
         }
     }
     const float amax = warp_reduce_max(fabsf(v));
