@@ -87,8 +87,7 @@ static void run_step(const shape & s, int n, const device_layer & L, unsigned in
     const int C = (2*s.hk + s.hv)*s.S, W = C + s.hv*s.S + 2*s.hv;
     const float * beta = L.y + C + s.hv*s.S, * alpha = beta + s.hv;
     pqd_dispatch_k1(s.k1, [&](auto K1) {
-        ggml_cuda_kernel_launch(pyqwen_deltanet_step_kernel<decltype(K1)::value>,
-            ggml_cuda_kernel_launch_params(dim3(s.hv, s.S/PQF_COLS), dim3(2*s.S), 0, st),
+        pqf_launch_step<decltype(K1)::value>(n, ggml_cuda_kernel_launch_params(dim3(s.hv, s.S/PQF_COLS), dim3(2*s.S), 0, st),
             (const float *) L.y, beta, alpha, L.conv, (const float *) L.w, (const float *) L.bias, (const float *) L.a,
             L.state, L.attn, arrivals, (int64_t) W, (int64_t) W, (int64_t) W, n, s.hk, s.hv, 1e-6f, 1.0f/sqrtf((float) s.S));
     });

@@ -19,17 +19,18 @@
 #define PQD_MAX_K1   (GGML_PYQWEN_DELTANET_PREP_CUDA_MAX_K - 1) // Qwen3.5 and Qwen3-Next: 3
 #define PQD_MAX_HEAD GGML_PYQWEN_DELTANET_PREP_CUDA_MAX_HEAD     // one thread a channel (Qwen3.5: 128)
 
-// The conv + SiLU of one channel for the nt tokens of a group (its inputs x[tok*sx]); st and w in registers.
-template <int K1>
+// The conv + SiLU of one channel for the nt <= G tokens of a group (its inputs x[tok*sx]); st and w in
+// registers.
+template <int K1, int G>
 static __device__ __forceinline__ void pqd_conv_group(float (&st)[K1], const float (&w)[K1 + 1], const float * x,
-                                                      const int64_t sx, const int nt, float (&y)[PQD_GROUP]) {
-    float in[PQD_GROUP];
+                                                      const int64_t sx, const int nt, float (&y)[G]) {
+    float in[G];
 #pragma unroll
-    for (int j = 0; j < PQD_GROUP; ++j) {
+    for (int j = 0; j < G; ++j) {
         in[j] = j < nt ? x[j*sx] : 0.0f;
     }
 #pragma unroll
-    for (int j = 0; j < PQD_GROUP; ++j) {
+    for (int j = 0; j < G; ++j) {
         if (j < nt) {
             y[j] = pqd_conv_silu(st, w, K1, in[j]);
         }
@@ -167,7 +168,7 @@ static unsigned int * pyqwen_arrivals(cudaStream_t stream, const int n) {
 #define PQF_COLS 32  // state columns a CTA
 #define PQF_ROWS 16  // state rows a thread: 8 threads a column
 
-template <int K1>
+template <int K1, int NT>
 static __global__ void __launch_bounds__(2*PQF_S)
 pyqwen_deltanet_step_kernel(
         const float * qkv, const float * beta, const float * alpha, float * conv_state, const float * conv_w,
@@ -204,21 +205,29 @@ pyqwen_deltanet_step_kernel(
         s[4*i] = f.x; s[4*i + 1] = f.y; s[4*i + 2] = f.z; s[4*i + 3] = f.w;
     }
 
-    __shared__ float qs[PQD_GROUP][PQF_S], ks[PQD_GROUP][PQF_S], vs[PQD_GROUP][PQF_COLS], gs[PQD_GROUP], bs[PQD_GROUP];
-    __shared__ float partial[PQD_GROUP][2*PQF_S/WARP_SIZE];
+    __shared__ float qs[NT][PQF_S], ks[NT][PQF_S], vs[NT][PQF_COLS], gs[NT], bs[NT];
+    __shared__ float partial[NT][2*PQF_S/WARP_SIZE];
     __shared__ bool last;
-    float y[PQD_GROUP];
+    // Every token's inputs are loaded before the first conv step, and the squares summed for every slot of
+    // the group (zeros past n): independent loads and reductions overlap, where a token at a time waited
+    // for its load and then its reduction.
+    float y[NT] = {}, yv[NT] = {};
+    pqd_conv_group<K1, NT>(st, w, qkv + ch, sq, n, y);
+    if (has_v) { // warp 0
+        pqd_conv_group<K1, NT>(stv, wv, qkv + chv, sq, n, yv);
+    }
+    float ss[NT];
 #pragma unroll
-    for (int j = 0; j < PQD_GROUP; ++j) {
-        if (j < n) { // uniform
-            y[j] = pqd_conv_silu(st, w, K1, qkv[j*sq + ch]);
-            if (has_v) {
-                vs[j][t] = pqd_conv_silu(stv, wv, K1, qkv[j*sq + chv]);
-            }
-            const float ss = warp_reduce_sum(y[j]*y[j]);
-            if (lane == 0) {
-                partial[j][warp] = ss;
-            }
+    for (int j = 0; j < NT; ++j) {
+        ss[j] = warp_reduce_sum(y[j]*y[j]);
+    }
+#pragma unroll
+    for (int j = 0; j < NT; ++j) {
+        if (lane == 0) {
+            partial[j][warp] = ss[j];
+        }
+        if (has_v) {
+            vs[j][t] = yv[j];
         }
     }
     if (t < n) {
@@ -228,7 +237,7 @@ pyqwen_deltanet_step_kernel(
     __syncthreads();
     const int w0 = is_k ? PQF_S/WARP_SIZE : 0; // the q or k channels' warps
 #pragma unroll
-    for (int j = 0; j < PQD_GROUP; ++j) {
+    for (int j = 0; j < NT; ++j) {
         if (j < n) {
             float sum = 0.0f;
 #pragma unroll
@@ -259,35 +268,48 @@ pyqwen_deltanet_step_kernel(
 
     // the recurrence, as ggml_gated_delta_net's: kv = S^T k, delta = (v - g kv) beta, S = g S + k delta^T,
     // out = scale S^T q; a column's sums over its 8 threads
-    for (int tok = 0; tok < n; ++tok) {
-        const float g = gs[tok], b = bs[tok];
-        float kv = 0.0f;
 #pragma unroll
-        for (int i = 0; i < PQF_ROWS; ++i) {
-            kv += s[i]*ks[tok][r0 + i];
-        }
+    for (int tok = 0; tok < NT; ++tok) {
+        if (tok < n) { // uniform
+            const float g = gs[tok], b = bs[tok];
+            float kv = 0.0f;
 #pragma unroll
-        for (int o = 1; o < PQF_S/PQF_ROWS; o <<= 1) {
-            kv += __shfl_xor_sync(0xFFFFFFFF, kv, o, WARP_SIZE);
-        }
-        const float delta = (vs[tok][col] - g*kv)*b;
-        float out = 0.0f;
+            for (int i = 0; i < PQF_ROWS; ++i) {
+                kv += s[i]*ks[tok][r0 + i];
+            }
 #pragma unroll
-        for (int i = 0; i < PQF_ROWS; ++i) {
-            s[i] = g*s[i] + ks[tok][r0 + i]*delta;
-            out += s[i]*qs[tok][r0 + i];
-        }
+            for (int o = 1; o < PQF_S/PQF_ROWS; o <<= 1) {
+                kv += __shfl_xor_sync(0xFFFFFFFF, kv, o, WARP_SIZE);
+            }
+            const float delta = (vs[tok][col] - g*kv)*b;
+            float out = 0.0f;
 #pragma unroll
-        for (int o = 1; o < PQF_S/PQF_ROWS; o <<= 1) {
-            out += __shfl_xor_sync(0xFFFFFFFF, out, o, WARP_SIZE);
-        }
-        if (t % (PQF_S/PQF_ROWS) == 0) {
-            attn[((int64_t) tok*hv + v)*PQF_S + col0 + col] = out*scale;
+            for (int i = 0; i < PQF_ROWS; ++i) {
+                s[i] = g*s[i] + ks[tok][r0 + i]*delta;
+                out += s[i]*qs[tok][r0 + i];
+            }
+#pragma unroll
+            for (int o = 1; o < PQF_S/PQF_ROWS; o <<= 1) {
+                out += __shfl_xor_sync(0xFFFFFFFF, out, o, WARP_SIZE);
+            }
+            if (t % (PQF_S/PQF_ROWS) == 0) {
+                attn[((int64_t) tok*hv + v)*PQF_S + col0 + col] = out*scale;
+            }
         }
     }
 #pragma unroll
     for (int i = 0; i < PQF_ROWS/4; ++i) {
         sp[i] = make_float4(s[4*i], s[4*i + 1], s[4*i + 2], s[4*i + 3]);
+    }
+}
+
+// Launches the step kernel's instance for n tokens: a decode token's (NT = 1) carries no empty group slots.
+template <int K1, typename... Args>
+static void pqf_launch_step(const int n, const ggml_cuda_kernel_launch_params & params, Args... args) {
+    if (n == 1) {
+        ggml_cuda_kernel_launch(pyqwen_deltanet_step_kernel<K1, 1>, params, args...);
+    } else {
+        ggml_cuda_kernel_launch(pyqwen_deltanet_step_kernel<K1, PQD_GROUP>, params, args...);
     }
 }
 
@@ -387,8 +409,7 @@ int ggml_cuda_pyqwen_deltanet_try_fuse(ggml_backend_cuda_context & ctx, const gg
     const float eps = ggml_get_op_params_f32(prep, 1);
     unsigned int * arrivals = pyqwen_arrivals(ctx.stream(), hk);
     pqd_dispatch_k1(k1, [&](auto K1) {
-        ggml_cuda_kernel_launch(pyqwen_deltanet_step_kernel<decltype(K1)::value>,
-            ggml_cuda_kernel_launch_params(dim3(hv, S/PQF_COLS), dim3(2*S), 0, ctx.stream()),
+        pqf_launch_step<decltype(K1)::value>(n, ggml_cuda_kernel_launch_params(dim3(hv, S/PQF_COLS), dim3(2*S), 0, ctx.stream()),
             (const float *) qkv->data, (const float *) beta->data, (const float *) alpha->data,
             (float *) prep->src[3]->data, (const float *) prep->src[4]->data, (const float *) prep->src[5]->data,
             (const float *) prep->src[6]->data, (float *) state->data, (float *) gdn->data, arrivals,
