@@ -19,18 +19,17 @@
 #define PQD_MAX_K1   (GGML_PYQWEN_DELTANET_PREP_CUDA_MAX_K - 1) // Qwen3.5 and Qwen3-Next: 3
 #define PQD_MAX_HEAD GGML_PYQWEN_DELTANET_PREP_CUDA_MAX_HEAD     // one thread a channel (Qwen3.5: 128)
 
-// The conv + SiLU of one channel for the nt <= G tokens of a group (its inputs x[tok*sx]); st and w in
-// registers.
-template <int K1, int G>
+// The conv + SiLU of one channel for the nt tokens of a group (its inputs x[tok*sx]); st and w in registers.
+template <int K1>
 static __device__ __forceinline__ void pqd_conv_group(float (&st)[K1], const float (&w)[K1 + 1], const float * x,
-                                                      const int64_t sx, const int nt, float (&y)[G]) {
-    float in[G];
+                                                      const int64_t sx, const int nt, float (&y)[PQD_GROUP]) {
+    float in[PQD_GROUP];
 #pragma unroll
-    for (int j = 0; j < G; ++j) {
+    for (int j = 0; j < PQD_GROUP; ++j) {
         in[j] = j < nt ? x[j*sx] : 0.0f;
     }
 #pragma unroll
-    for (int j = 0; j < G; ++j) {
+    for (int j = 0; j < PQD_GROUP; ++j) {
         if (j < nt) {
             y[j] = pqd_conv_silu(st, w, K1, in[j]);
         }
@@ -208,13 +207,23 @@ pyqwen_deltanet_step_kernel(
     __shared__ float qs[NT][PQF_S], ks[NT][PQF_S], vs[NT][PQF_COLS], gs[NT], bs[NT];
     __shared__ float partial[NT][2*PQF_S/WARP_SIZE];
     __shared__ bool last;
-    // Every token's inputs are loaded before the first conv step, and the squares summed for every slot of
-    // the group (zeros past n): independent loads and reductions overlap, where a token at a time waited
-    // for its load and then its reduction.
-    float y[NT] = {}, yv[NT] = {};
-    pqd_conv_group<K1, NT>(st, w, qkv + ch, sq, n, y);
-    if (has_v) { // warp 0
-        pqd_conv_group<K1, NT>(stv, wv, qkv + chv, sq, n, yv);
+    // Every token's q/k and v inputs are loaded before the first conv step, with no branch between the loads
+    // (a thread without a v channel loads its q/k one twice and convolves zeros), and the squares are summed
+    // for every slot of the group (zeros past n): the loads and the reductions overlap, where a token at a
+    // time waited for its load and then its reduction.
+    const int64_t chv_or_ch = has_v ? chv : ch;
+    float x[NT], xv[NT], y[NT] = {}, yv[NT] = {};
+#pragma unroll
+    for (int j = 0; j < NT; ++j) {
+        x[j]  = j < n ? qkv[j*sq + ch] : 0.0f;
+        xv[j] = j < n ? qkv[j*sq + chv_or_ch] : 0.0f;
+    }
+#pragma unroll
+    for (int j = 0; j < NT; ++j) {
+        if (j < n) {
+            y[j]  = pqd_conv_silu(st, w, K1, x[j]);
+            yv[j] = pqd_conv_silu(stv, wv, K1, xv[j]);
+        }
     }
     float ss[NT];
 #pragma unroll
