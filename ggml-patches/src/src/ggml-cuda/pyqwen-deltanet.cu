@@ -174,6 +174,9 @@ pyqwen_deltanet_step_kernel(
         const float * bias, const float * a, float * state, float * attn, unsigned int * arrivals,
         const int64_t sq, const int64_t sb, const int64_t sa, const int n, const int hk, const int hv,
         const float eps, const float scale) {
+    // the next kernels may launch now: each waits for this whole grid before it reads, and meanwhile the
+    // GEMV after the gated norm streams its first weight chunks (the step's CTAs leave room on the SMs)
+    ggml_cuda_pdl_lc();
     const int v = blockIdx.x, col0 = blockIdx.y*PQF_COLS, t = threadIdx.x;
     const int kh = v % hk, lane = t % WARP_SIZE, warp = t / WARP_SIZE;
     const bool is_k = t >= PQF_S, has_v = t < PQF_COLS;
