@@ -318,6 +318,8 @@ pyqwen_fattn_combine(const pfa_args a) {
     __shared__ float w[PFA_MAX_SPLITS], red_max[WARP_SIZE], red_sum[WARP_SIZE];
     __shared__ float4 sums[PHASES][COLS];
 
+    ggml_cuda_pdl_lc();   // the next kernels may launch: each waits for this grid before it reads the rows, and the
+                          // output gate's quantization and wo's GEMV after it stream their first weights meanwhile
     ggml_cuda_pdl_sync(); // the partials
     const float2 ml = t < nsplit ? *(const float2 *) (part + (int64_t) t*R*ROW + D) : make_float2(-INFINITY, 0.0f);
     const float M  = block_reduce<block_reduce_method::MAX, PFA_COMBINE_THREADS>(ml.x, red_max);
@@ -339,7 +341,6 @@ pyqwen_fattn_combine(const pfa_args a) {
         o.z += ws*v.z;
         o.w += ws*v.w;
     }
-    ggml_cuda_pdl_lc(); // the next kernel waits for this grid to finish before it reads the rows
     sums[phase][col] = o;
     __syncthreads();
     if (t < COLS) {
