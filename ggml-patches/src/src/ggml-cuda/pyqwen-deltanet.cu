@@ -183,14 +183,17 @@ pyqwen_deltanet_step_kernel(
     const int64_t ch  = (int64_t) (is_k ? hk + kh : kh)*PQF_S + t % PQF_S; // the thread's q or k channel
     const int64_t chv = (int64_t) (2*hk + v)*PQF_S + col0 + t;              // and, has_v, its v channel
 
-    // the conv weights are constants: loaded while the previous kernel finishes
+    // the conv weights and the decay's constants: loaded while the previous kernel finishes
     float w[K1 + 1], wv[K1 + 1];
 #pragma unroll
     for (int j = 0; j <= K1; ++j) {
         w[j]  = conv_w[ch*(K1 + 1) + j];
         wv[j] = has_v ? conv_w[chv*(K1 + 1) + j] : 0.0f;
     }
+    const float bias_v = bias[v], a_v = a[v];
     ggml_cuda_pdl_sync();
+    // token t's gate inputs (thread t < n), loaded with the others rather than after the convs' reductions
+    const float alpha_t = t < n ? alpha[t*sa + v] : 0.0f, beta_t = t < n ? beta[t*sb + v] : 0.0f;
     float st[K1], stv[K1];
 #pragma unroll
     for (int j = 0; j < K1; ++j) {
@@ -243,21 +246,21 @@ pyqwen_deltanet_step_kernel(
         }
     }
     if (t < n) {
-        gs[t] = expf(pqd_decay(alpha[t*sa + v], bias[v], a[v]));
-        bs[t] = pqd_sigmoid(beta[t*sb + v]);
+        gs[t] = expf(pqd_decay(alpha_t, bias_v, a_v));
+        bs[t] = pqd_sigmoid(beta_t);
     }
     __syncthreads();
+    // every slot of the group, without a branch a slot, so that their reductions interleave (slots past n hold
+    // zeros; they are never read)
     const int w0 = is_k ? PQF_S/WARP_SIZE : 0; // the q or k channels' warps
 #pragma unroll
     for (int j = 0; j < NT; ++j) {
-        if (j < n) {
-            float sum = 0.0f;
+        float sum = 0.0f;
 #pragma unroll
-            for (int i = 0; i < PQF_S/WARP_SIZE; ++i) {
-                sum += partial[j][w0 + i];
-            }
-            (is_k ? ks : qs)[j][t % PQF_S] = y[j]*rsqrtf(sum + eps);
+        for (int i = 0; i < PQF_S/WARP_SIZE; ++i) {
+            sum += partial[j][w0 + i];
         }
+        (is_k ? ks : qs)[j][t % PQF_S] = y[j]*rsqrtf(sum + eps);
     }
     if (has_v) {
 #pragma unroll
@@ -266,16 +269,12 @@ pyqwen_deltanet_step_kernel(
         }
     }
     __syncthreads(); // every thread has read its q/k conv state (and the tokens' q, k are in shared memory)
+    // this CTA's arrival at its k head: the atomic's round trip overlaps the recurrence, and the last CTA to
+    // arrive stores the head's new q/k conv state after it
+    const unsigned int readers = (unsigned int) (hv/hk*gridDim.y);
+    unsigned int arrival = 0;
     if (t == 0) {
-        const unsigned int readers = (unsigned int) (hv/hk*gridDim.y);
-        last = atomicInc(&arrivals[kh], readers - 1) == readers - 1;
-    }
-    __syncthreads();
-    if (last) {
-#pragma unroll
-        for (int j = 0; j < K1; ++j) {
-            conv_state[ch*K1 + j] = st[j];
-        }
+        arrival = atomicInc(&arrivals[kh], readers - 1);
     }
 
     // the recurrence, as ggml_gated_delta_net's: kv = S^T k, delta = (v - g kv) beta, S = g S + k delta^T,
@@ -312,6 +311,16 @@ pyqwen_deltanet_step_kernel(
 #pragma unroll
     for (int i = 0; i < PQF_ROWS/4; ++i) {
         sp[i] = make_float4(s[4*i], s[4*i + 1], s[4*i + 2], s[4*i + 3]);
+    }
+    if (t == 0) {
+        last = arrival == readers - 1;
+    }
+    __syncthreads();
+    if (last) {
+#pragma unroll
+        for (int j = 0; j < K1; ++j) {
+            conv_state[ch*K1 + j] = st[j];
+        }
     }
 }
 
