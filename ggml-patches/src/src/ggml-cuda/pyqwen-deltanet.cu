@@ -394,6 +394,12 @@ int ggml_cuda_pyqwen_deltanet_try_fuse(ggml_backend_cuda_context & ctx, const gg
     if (S != PQF_S || n > PQD_GROUP || hv % hk != 0 || k1 > PQD_MAX_K1) {
         return 0;
     }
+    // the conv weights, dt_bias and A are read before the kernel waits for the previous one: weights no node computes
+    for (int s = 4; s <= 6; ++s) {
+        if (prep->src[s]->op != GGML_OP_NONE) {
+            return 0;
+        }
+    }
     // the recurrence: the next node that computes anything, over views of the prep's output
     const int i_gdn = pyqwen_next_op(cgraph, i + 1);
     if (i_gdn >= cgraph->n_nodes) {
