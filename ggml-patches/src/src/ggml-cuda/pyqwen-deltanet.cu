@@ -159,7 +159,8 @@ static unsigned int * pyqwen_arrivals(cudaStream_t stream, const int n) {
 // ggml_gated_delta_net's recurrence (scalar decay, one sequence, no snapshots), whose new state goes back
 // in place. CTA (v, c) takes state columns [8c, 8c + 8) of v head v; warp w holds column w, 4 rows a lane.
 // Narrow CTAs: 512 for 32 v heads, ~4 an SM on an H200, where 32-column ones put one on most SMs (24 layers'
-// launches: 82.5 against 116.4 us at 1 token, 216.6 against 257.4 at 8; deltanet_step_bench). A CTA
+// launches with the early trigger below: 82.5 against 157.4 us at 1 token, 216.6 against 453.9 at 8 in
+// deltanet_step_bench, whose back-to-back launches exaggerate; tg128 +1.2% in the model). A CTA
 // convolves and L2-normalizes the q and k channels of its k head (v % hk, ggml_gated_delta_net's head
 // broadcast), a thread a channel, and the conv of its 8 v channels, whose state is its alone. Every
 // CTA of a k head reads that head's q/k conv state, so the last of them to get there stores the new one
