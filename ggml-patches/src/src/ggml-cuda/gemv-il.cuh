@@ -27,6 +27,7 @@
 #include "mma.cuh"
 #include "gemv-il-layout.h"
 #include "pyqwen-float-key.cuh"
+#include "pyqwen-warp-sum.cuh"
 
 #include <type_traits>
 
@@ -474,18 +475,16 @@ static __device__ __forceinline__ float gemv_il_warp_sum_squares(const float * x
     return warp_reduce_sum(ss);
 }
 
-// ss[t] = the sum of every thread's acc[t] over the CTA's 8 warps, for t < m; then a barrier.
-static __device__ __forceinline__ void gemv_il_cta_reduce(float (&acc)[GEMV_IL_MAX_TOKENS], const int m,
+// ss[t] = the sum of every thread's acc[t] over the CTA's 8 warps, for t < m; then a barrier. The rows' warp
+// sums in one step (acc[t] is 0 for t >= m): an 8-row pass's 65 norm quantizations each took eight reductions
+// in turn.
+static __device__ __forceinline__ void gemv_il_cta_reduce(const float (&acc)[GEMV_IL_MAX_TOKENS], const int m,
                                                           float (*partial)[GEMV_IL_MAX_TOKENS], float * ss) {
+    static_assert(GEMV_IL_MAX_TOKENS == 8, "pyqwen_warp_sum8's 8 rows");
     const int w = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
-#pragma unroll
-    for (int t = 0; t < GEMV_IL_MAX_TOKENS; ++t) {
-        if (t < m) { // uniform
-            acc[t] = warp_reduce_sum(acc[t]);
-            if (lane == 0) {
-                partial[t][w] = acc[t];
-            }
-        }
+    const float sum = pyqwen_warp_sum8(acc); // row lane/4's
+    if (lane % 4 == 0 && lane/4 < m) {
+        partial[lane/4][w] = sum;
     }
     __syncthreads();
     if (threadIdx.x < m) {
