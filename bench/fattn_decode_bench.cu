@@ -17,11 +17,12 @@
 #include <random>
 #include <vector>
 
-// stand-in: CUDA_CHECK's error path lives in ggml-cuda.cu
+// stand-ins: CUDA_CHECK's error path and the device query of ggml_cuda_kernel_launch live in ggml-cuda.cu
 void ggml_cuda_error(const char * stmt, const char * func, const char * file, int line, const char * msg) {
     fprintf(stderr, "CUDA error: %s\n  %s in %s at %s:%d\n", msg, stmt, func, file, line);
     exit(1);
 }
+int ggml_cuda_get_device() { return 0; }
 
 struct attn_shape { int n_head, n_head_kv, D; };
 
@@ -45,27 +46,16 @@ static int ctas_per_sm() {
     return c;
 }
 
-// one kernel, with programmatic dependent launch (as ggml-cuda launches it on Hopper) or without
-template <typename... Args>
-static void launch_kernel(void (*kernel)(Args...), dim3 grid, dim3 block, size_t smem, cudaStream_t st, bool pdl, const pfa_args & a) {
-    cudaLaunchAttribute attr = {};
-    attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr.val.programmaticStreamSerializationAllowed = 1;
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = grid;
-    cfg.blockDim = block;
-    cfg.dynamicSmemBytes = smem;
-    cfg.stream = st;
-    cfg.attrs = pdl ? &attr : nullptr;
-    cfg.numAttrs = pdl ? 1 : 0;
-    CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, a));
-}
-
-// the two kernels, as pyqwen-fattn-decode.cu launches them
+// the two kernels, as pyqwen-fattn-decode.cu launches them: through ggml_cuda_kernel_launch, with programmatic
+// dependent launch (on Hopper, unless GGML_CUDA_PDL=0) or, pdl false, without
 template <int D>
 static void launch(const pfa_args & a, int nsplit, cudaStream_t st, bool pdl = false) {
-    launch_kernel(pyqwen_fattn_decode<D>, dim3(a.n_head_kv, nsplit), dim3(PFA_THREADS), pfa_smem(D), st, pdl, a);
-    launch_kernel(pyqwen_fattn_combine<D>, dim3(a.n_head_kv, a.n_head/a.n_head_kv*a.n_q, D/PFA_COMBINE_DIMS), dim3(PFA_COMBINE_THREADS), 0, st, pdl, a);
+    ggml_cuda_pdl_off = !pdl;
+    ggml_cuda_kernel_launch(pyqwen_fattn_decode<D>,
+        ggml_cuda_kernel_launch_params(dim3(a.n_head_kv, nsplit), dim3(PFA_THREADS), pfa_smem(D), st), a);
+    ggml_cuda_kernel_launch(pyqwen_fattn_combine<D>,
+        ggml_cuda_kernel_launch_params(dim3(a.n_head_kv, a.n_head/a.n_head_kv*a.n_q, D/PFA_COMBINE_DIMS), dim3(PFA_COMBINE_THREADS), 0, st), a);
+    ggml_cuda_pdl_off = false;
 }
 
 struct device_buf {
