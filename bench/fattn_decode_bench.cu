@@ -1,9 +1,10 @@
 // pyqwen_fattn_decode and pyqwen_fattn_combine (ggml-patches/src/src/ggml-cuda/pyqwen-fattn-kernel.cuh) on their
 // own: against a float64 reference of ggml's FLASH_ATTN_EXT (softmax(scale Q K^T + mask) V, query head j reading
-// kv head j/G) on random queries and f16 caches, with masked positions, for 1 and 2 query rows (4 heads each) and
+// kv head j/G) on random queries and f16 caches, with masked positions, for 1..8 query rows (4 heads each: 4..32 rows, one m-tile or two) and
 // depths up to 8192 (3100: 97 splits on the H200), outputs poisoned first; then the 9B shape's 8 attention
 // layers (16 query heads, 4 kv heads of 256), each reading its own cache, timed in a CUDA graph, launched
-// without and with PDL, at depths 512, 8192, 8448 (pyqwen's span at depth 8192) and 32640, 1 and 2 rows, to set
+// without and with PDL, at depths 512, 8192, 8448 (pyqwen's span at depth 8192) and 32640, 1, 2, 4 and 8 query rows
+// (a decode token, verify passes), to set
 // beside upstream's 8.9 + 2.8 us a layer at depth 512 (the census). -DPFA_STAGES and -DPFA_MAX_SPLITS build
 // other sizes. Builds in seconds from the patched tree:
 //   G=vendor/ggml; nvcc -std=c++17 -O3 -arch=sm_90 -use_fast_math -extended-lambda -I$G/include -I$G/src \
@@ -38,11 +39,11 @@ static __global__ void fill_random(half * x, const size_t n, const unsigned seed
 }
 
 // the kernel's shared memory limit raised, and how many of its CTAs fit an SM (as pyqwen-fattn-decode.cu asks)
-template <int D>
+template <int D, int MT>
 static int ctas_per_sm() {
-    CUDA_CHECK(cudaFuncSetAttribute(pyqwen_fattn_decode<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int) pfa_smem(D)));
+    CUDA_CHECK(cudaFuncSetAttribute(pyqwen_fattn_decode<D, MT>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int) pfa_smem(D, MT)));
     int c = 0;
-    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&c, pyqwen_fattn_decode<D>, PFA_THREADS, pfa_smem(D)));
+    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&c, pyqwen_fattn_decode<D, MT>, PFA_THREADS, pfa_smem(D, MT)));
     return c;
 }
 
@@ -50,11 +51,17 @@ static int ctas_per_sm() {
 // dependent launch (on Hopper, unless GGML_CUDA_PDL=0) or, pdl false, without
 template <int D>
 static void launch(const pfa_args & a, int nsplit, cudaStream_t st, bool pdl = false) {
+    const int rows = a.n_head/a.n_head_kv*a.n_q;
     ggml_cuda_pdl_off = !pdl;
-    ggml_cuda_kernel_launch(pyqwen_fattn_decode<D>,
-        ggml_cuda_kernel_launch_params(dim3(a.n_head_kv, nsplit), dim3(PFA_THREADS), pfa_smem(D), st), a);
+    if (pfa_m_tiles(rows) == 1) {
+        ggml_cuda_kernel_launch(pyqwen_fattn_decode<D, 1>,
+            ggml_cuda_kernel_launch_params(dim3(a.n_head_kv, nsplit), dim3(PFA_THREADS), pfa_smem(D, 1), st), a);
+    } else {
+        ggml_cuda_kernel_launch(pyqwen_fattn_decode<D, 2>,
+            ggml_cuda_kernel_launch_params(dim3(a.n_head_kv, nsplit), dim3(PFA_THREADS), pfa_smem(D, 2), st), a);
+    }
     ggml_cuda_kernel_launch(pyqwen_fattn_combine<D>,
-        ggml_cuda_kernel_launch_params(dim3(a.n_head_kv, a.n_head/a.n_head_kv*a.n_q, D/PFA_COMBINE_DIMS), dim3(PFA_COMBINE_THREADS), 0, st), a);
+        ggml_cuda_kernel_launch_params(dim3(a.n_head_kv, rows, D/PFA_COMBINE_DIMS), dim3(PFA_COMBINE_THREADS), 0, st), a);
     ggml_cuda_pdl_off = false;
 }
 
@@ -75,7 +82,7 @@ int main() {
     std::uniform_real_distribution<float> ud;
     const attn_shape sh = {16, 4, 256};
     const int D = sh.D, n_check = 8192, n_ctx = 32768; // the checks' deepest cache; a timed layer's
-    const int nsm = prop.multiProcessorCount, ctas = ctas_per_sm<256>();
+    const int nsm = prop.multiProcessorCount, ctas_mt[3] = {0, ctas_per_sm<256, 1>(), ctas_per_sm<256, 2>()};
     int passed = 0, failed = 0;
 
     // the checks' cache: n_check positions of n_head_kv heads, as pyqwen's [D*n_head_kv, n_ctx] f16 tensors
@@ -131,7 +138,7 @@ int main() {
             CUDA_CHECK(cudaMemcpy(dq.p, q.data(), q.size()*sizeof(float), cudaMemcpyHostToDevice));
             CUDA_CHECK(cudaMemcpy(dm.p, mask.data(), mask.size()*sizeof(half), cudaMemcpyHostToDevice));
             CUDA_CHECK(cudaMemset(dout.p, 0xFF, want.size()*sizeof(float))); // NaN
-            const int chunk = pfa_chunk(n_kv, sh.n_head_kv, nsm, ctas);
+            const int chunk = pfa_chunk(n_kv, sh.n_head_kv, nsm, ctas_mt[pfa_m_tiles(n_q*sh.n_head/sh.n_head_kv)]);
             const int nsplit = (n_kv + chunk - 1)/chunk;
             const pfa_args a = { dq.as<float>(), (int64_t) sh.n_head*D, D, dk.as<half>(), dv.as<half>(), kv_pos, kv_head,
                                  dm.as<half>(), n_kv, dout.as<float>(), (int64_t) sh.n_head*D, D, partial.as<float>(),
@@ -163,17 +170,19 @@ int main() {
     fill_random<<<1024, 256, 0, st>>>(lk.as<half>(), (size_t) layers*n_ctx*kv_pos, 1u);
     fill_random<<<1024, 256, 0, st>>>(lv.as<half>(), (size_t) layers*n_ctx*kv_pos, 2u);
     CUDA_CHECK(cudaGetLastError());
-    std::vector<int> cta_counts = {ctas}; // the occupancy's split (pfa_chunk's), then fewer CTAs an SM to compare
-    for (const int c : {2, 1}) {
-        if (c < ctas) {
-            cta_counts.push_back(c);
-        }
-    }
-    printf("\nPFA_STAGES %d, PFA_MAX_SPLITS %d, %d KB of shared memory a CTA, %d CTAs fit an SM\n", PFA_STAGES, PFA_MAX_SPLITS,
-           (int) (pfa_smem(D)/1024), ctas);
-    printf("\n| depth | rows | splits for CTAs an SM | us a layer (8 layers in a graph) | with PDL | K and V read with PDL, GB/s | splits |\n|---|---|---|---|---|---|---|\n");
+    printf("\nPFA_STAGES %d, PFA_MAX_SPLITS %d; one m-tile: %d KB of shared memory a CTA, %d CTAs an SM; two: %d KB, %d\n",
+           PFA_STAGES, PFA_MAX_SPLITS, (int) (pfa_smem(D, 1)/1024), ctas_mt[1], (int) (pfa_smem(D, 2)/1024), ctas_mt[2]);
+    printf("\n| depth | query rows | splits for CTAs an SM | us a layer (8 layers in a graph) | with PDL | K and V read with PDL, GB/s | splits |\n|---|---|---|---|---|---|---|\n");
     for (int n_kv : {512, 8192, 8448, 32640}) { // 8448: pyqwen's span at depth 8192 and up (steps of 256)
-        for (int n_q : {1, 2}) {
+        for (int n_q : {1, 2, 4, 8}) { // a decode token, and verify passes
+            // the occupancy's split (pfa_chunk's), then fewer CTAs an SM to compare
+            const int ctas = ctas_mt[pfa_m_tiles(n_q*sh.n_head/sh.n_head_kv)];
+            std::vector<int> cta_counts = {ctas};
+            for (const int c : {2, 1}) {
+                if (c < ctas) {
+                    cta_counts.push_back(c);
+                }
+            }
             for (const int c : cta_counts) {
                 const int chunk = pfa_chunk(n_kv, sh.n_head_kv, nsm, c);
                 const int nsplit = (n_kv + chunk - 1)/chunk;

@@ -3,9 +3,11 @@
 // (pq-graph.c): the query heads permuted to [D, rows, heads], K and V views of f16 caches [D*kv_heads, n_ctx],
 // a f16 mask of the visible positions (a view of one row for one token, causal rows for more), the output
 // poisoned with NaN first. Shapes: the 9B model's attention (16 query heads, 4 kv heads of 256), heads of 128
-// with 1 and 8 query heads a kv head; 1..8 rows and depths 1..4096 (on the H200, 3100: the 9B shape's 97 splits;
-// 4096 with one kv head of 128: 128, the most), and 9 rows, which upstream's kernels take. Both sides round
-// the queries to f16 for the K products, the GPU its weights too for the V sums; they differ by about 1e-3.
+// with 1 and 8 query heads a kv head; 1, 3, 5, 8 and 9 rows (tokens) and depths 1..4096 (on the H200, 3100: the
+// 9B shape's 97 splits; 4096 with one kv head of 128: 128, the most). Rows times query heads a kv head up to 16
+// take one m-tile of the kernel, up to 32 two; past that (the 9B shape's 9 rows, 5 rows at 8 heads a kv head)
+// upstream's kernels run. Both sides round the queries to f16 for the K products, the GPU its weights too for
+// the V sums; they differ by about 1e-3.
 // Built and run by bench/cuda_ops_check.sh; exit code non-zero on any failure.
 #include "ggml.h"
 #include "ggml-alloc.h"
@@ -62,7 +64,7 @@ int main() {
     const attn_shape shapes[] = { {16, 4, 256}, {8, 8, 128}, {8, 1, 128} };
     for (const attn_shape & s : shapes) {
         for (int n_kv : {1, 100, 1000, 3100, 4096}) {
-            for (int n : {1, 3, 8, 9}) {
+            for (int n : {1, 3, 5, 8, 9}) {
                 if (n_kv < n) { // a pass's rows see their own positions: no row is wholly masked
                     continue;
                 }

@@ -4,25 +4,25 @@
 
 #include <atomic>
 
-// CTAs of pyqwen_fattn_decode<D> that fit an SM together (3 at D = 256 on the H200, 1 on Ampere's and Ada's
-// desktop GPUs), with its shared memory limit raised first: asked of the CUDA runtime once per process and
-// device (threads that race here store the same value).
-template <int D>
+// CTAs of pyqwen_fattn_decode<D, MT> that fit an SM together (3 at D = 256 and one m-tile on the H200, 1 on
+// Ampere's and Ada's desktop GPUs), with its shared memory limit raised first: asked of the CUDA runtime once
+// per process and device (threads that race here store the same value).
+template <int D, int MT>
 static int pfa_ctas_per_sm(const int device) {
     static std::atomic<int> cache[GGML_CUDA_MAX_DEVICES]; // 0: not asked yet
     int c = cache[device].load(std::memory_order_relaxed);
     if (c == 0) {
-        CUDA_SET_SHARED_MEMORY_LIMIT(pyqwen_fattn_decode<D>, pfa_smem(D));
-        CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&c, pyqwen_fattn_decode<D>, PFA_THREADS, pfa_smem(D)));
+        CUDA_SET_SHARED_MEMORY_LIMIT((pyqwen_fattn_decode<D, MT>), pfa_smem(D, MT));
+        CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&c, pyqwen_fattn_decode<D, MT>, PFA_THREADS, pfa_smem(D, MT)));
         cache[device].store(c, std::memory_order_relaxed);
     }
     return c;
 }
 
 // The split (as many CTAs as fit the GPU), the partials' buffer, then both kernels, for `rows` rows a kv head.
-template <int D>
+template <int D, int MT>
 static void pfa_run(ggml_backend_cuda_context & ctx, pfa_args a, const int rows) {
-    a.chunk = pfa_chunk(a.n_kv, a.n_head_kv, ggml_cuda_info().devices[ctx.device].nsm, pfa_ctas_per_sm<D>(ctx.device));
+    a.chunk = pfa_chunk(a.n_kv, a.n_head_kv, ggml_cuda_info().devices[ctx.device].nsm, pfa_ctas_per_sm<D, MT>(ctx.device));
     const int nsplit = (a.n_kv + a.chunk - 1)/a.chunk;
     ggml_cuda_pool_alloc<float> partial(ctx.pool(), pfa_partial_floats(D, a.n_head_kv, nsplit, rows));
     a.partial = partial.get();
@@ -30,12 +30,22 @@ static void pfa_run(ggml_backend_cuda_context & ctx, pfa_args a, const int rows)
     // these waits for the kernels before it (ggml_cuda_pdl_sync) before it touches global memory
     const bool pdl_off = ggml_cuda_pdl_off;
     ggml_cuda_pdl_off = false;
-    ggml_cuda_kernel_launch(pyqwen_fattn_decode<D>,
-        ggml_cuda_kernel_launch_params(dim3(a.n_head_kv, nsplit), dim3(PFA_THREADS), pfa_smem(D), ctx.stream()), a);
+    ggml_cuda_kernel_launch(pyqwen_fattn_decode<D, MT>,
+        ggml_cuda_kernel_launch_params(dim3(a.n_head_kv, nsplit), dim3(PFA_THREADS), pfa_smem(D, MT), ctx.stream()), a);
     ggml_cuda_kernel_launch(pyqwen_fattn_combine<D>,
         ggml_cuda_kernel_launch_params(dim3(a.n_head_kv, rows, D/PFA_COMBINE_DIMS), dim3(PFA_COMBINE_THREADS), 0, ctx.stream()), a);
     ggml_cuda_pdl_off = pdl_off;
     CUDA_CHECK(cudaGetLastError());
+}
+
+// One m-tile of 16 rows (decode tokens, short verify passes) or two.
+template <int D>
+static void pfa_run(ggml_backend_cuda_context & ctx, const pfa_args & a, const int rows) {
+    if (pfa_m_tiles(rows) == 1) {
+        pfa_run<D, 1>(ctx, a, rows);
+    } else {
+        pfa_run<D, 2>(ctx, a, rows);
+    }
 }
 
 bool ggml_cuda_pyqwen_fattn_decode(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
@@ -61,8 +71,9 @@ bool ggml_cuda_pyqwen_fattn_decode(ggml_backend_cuda_context & ctx, ggml_tensor 
         return false;
     }
     const auto & dev = ggml_cuda_info().devices[ctx.device];
-    if (!cp_async_available(dev.cc) || pfa_smem(D) > dev.smpbo) {
-        return false; // the kernel needs cp.async and mma (NVIDIA, Ampere on) and 72 KB of shared memory (D = 256)
+    const int rows = (int) (n_head/n_head_kv*n_q);
+    if (!cp_async_available(dev.cc) || pfa_smem((int) D, pfa_m_tiles(rows)) > dev.smpbo) {
+        return false; // the kernel needs cp.async and mma (NVIDIA, Ampere on) and up to 92 KB of shared memory (D = 256)
     }
     const pfa_args a = {
         (const float *) Q->data, (int64_t) (Q->nb[1]/sizeof(float)), (int64_t) (Q->nb[2]/sizeof(float)),
@@ -72,7 +83,6 @@ bool ggml_cuda_pyqwen_fattn_decode(ggml_backend_cuda_context & ctx, ggml_tensor 
         nullptr, // the partials: pfa_run's
         (int) n_q, (int) n_kv, (int) n_head, (int) n_head_kv, 0, scale, // chunk: pfa_run's
     };
-    const int rows = (int) (n_head/n_head_kv*n_q);
     if (D == 128) {
         pfa_run<128>(ctx, a, rows);
     } else {

@@ -1,15 +1,16 @@
-// Decode attention for up to 8 query rows (query heads times tokens) over an f16 KV cache, split over the
+// Decode attention for up to 32 query rows (query heads times tokens) over an f16 KV cache, split over the
 // cache (the seed article's decode kernel): CTA (h, s) takes kv head h's positions
 // [s*chunk, (s + 1)*chunk) for the G = n_head/n_head_kv query heads that read it (ggml's grouping: query head
 // h*G + g), R = G*n_q rows in all, and leaves each row's maximum score, sum of exponentials and
 // exponential-weighted V sum; a second kernel, pyqwen_fattn_combine, merges the splits and writes the rows.
 // A CTA streams its positions as tiles of 32 K and V rows through PFA_STAGES buffers in shared memory (cp.async),
 // the copies of the next tiles in flight while a tile is used, and takes the scores and the V sums on tensor
-// cores: the rows are the m of the mma tiles (padded to 16), positions and dims their n. On the H200, for a 9B
-// decode token, both kernels: 6.5 / 18.6 / 43.7 us a layer at depth 512 / 8448 / 32640; with the merge in the
-// first kernel's last CTAs, 8.0 / 22.3 / 47.6; the same design in f32 FMAs, 11.3 / 31.5 / 85.3 at depth 512 /
-// 8192 / 32640, bound by its instructions (bench/RESULTS.md). Upstream runs a vector kernel and a separate
-// combine kernel: 8.9 + 2.8 us a layer at depth 512 (the census at 62ec107), mostly fixed cost.
+// cores: the rows are the m of one or two mma tiles of 16 (MT), positions and dims their n; a verify pass of
+// 8 tokens (32 rows at Qwen3.5-9B's 4 query heads a kv head) reads the cache once, as a decode token does.
+// On the H200, for a 9B decode token, both kernels: 6.5 / 18.6 / 43.7 us a layer at depth 512 / 8448 / 32640;
+// with the merge in the first kernel's last CTAs, 8.0 / 22.3 / 47.6; the same design in f32 FMAs, 11.3 / 31.5 /
+// 85.3 at depth 512 / 8192 / 32640, bound by its instructions (bench/RESULTS.md). Upstream runs a vector kernel
+// and a separate combine kernel: 8.9 + 2.8 us a layer at depth 512 (the census at 62ec107), mostly fixed cost.
 // NVIDIA Ampere on (cp.async, mma.m16n8k16); ggml calls it for FLASH_ATTN_EXT where it applies
 // (pyqwen-fattn-decode.cu); bench/fattn_decode_bench.cu checks and times it standalone.
 #pragma once
@@ -26,14 +27,15 @@
                          // desktop GPUs, where three stages' 108 KB sent them to upstream's kernels)
 #endif // PFA_STAGES
 #define PFA_THREADS    128 // 4 warps: a warp scores 8 positions of a tile and sums D/4 dims of V
-#define PFA_TILE       32  // positions a tile (a lane each in the softmax)
+#define PFA_TILE       32  // positions a tile
 #ifndef PFA_MAX_SPLITS
 #define PFA_MAX_SPLITS 128 // splits of a kv head's positions, at most (a combine thread each): the H200's 3 CTAs an
                            // SM over 4 kv heads make 99
 #endif // PFA_MAX_SPLITS
 #define PFA_COMBINE_THREADS 256 // pyqwen_fattn_combine: a CTA merges PFA_COMBINE_DIMS dims of a row
 #define PFA_COMBINE_DIMS    64
-#define PFA_MAX_ROWS   8   // G*n_q, the m of the mma tiles (of 16): a decode token's 4 query heads a kv head (Qwen3.5) times 2
+#define PFA_MAX_ROWS   32  // G*n_q in two m-tiles of 16: Qwen3.5-9B's 4 query heads a kv head times a verify pass's 8 tokens
+#define PFA_ROW_THREADS 4  // threads a row in the softmax, 8 positions each
 #define PFA_PAD        8   // halves after each K, V and q row in shared memory: rows 8 apart start 4 banks apart
 
 struct pfa_args {
@@ -55,23 +57,28 @@ static constexpr __host__ __device__ int pfa_row(const int D) {
     return D + 4;
 }
 
-// Shared memory of a CTA: PFA_STAGES tiles of K and V rows, the queries (f16), the scores of a tile, the
-// weights of a tile (f16).
+// Shared memory of a CTA: PFA_STAGES tiles of K and V rows, the scores of a tile, the weights of a tile (f16)
+// and, past one m-tile, the queries (f16).
 static constexpr __host__ __device__ int pfa_stride(const int D) {
     return D + PFA_PAD;
 }
 
 static constexpr __host__ __device__ int pfa_p_stride() {
-    return PFA_TILE + PFA_PAD; // 20 words: the 8 rows' words c of an mma fragment in 8 distinct bank quads
+    return PFA_TILE + PFA_PAD; // 20 words: the 8 rows of an ldmatrix in 8 distinct bank quads
 }
 
 static constexpr __host__ __device__ int pfa_s_stride() {
     return PFA_TILE + 8; // floats: the 8 rows' float2 stores of a fragment 8 banks apart
 }
 
-static constexpr __host__ __device__ size_t pfa_smem(const int D) {
-    return (size_t) (PFA_STAGES*2*PFA_TILE + PFA_MAX_ROWS)*pfa_stride(D)*sizeof(half) +
-           (size_t) PFA_MAX_ROWS*pfa_s_stride()*sizeof(float) + (size_t) PFA_MAX_ROWS*pfa_p_stride()*sizeof(half);
+static constexpr __host__ __device__ size_t pfa_smem(const int D, const int MT) {
+    return (size_t) (PFA_STAGES*2*PFA_TILE + (MT > 1 ? 16*MT : 0))*pfa_stride(D)*sizeof(half) +
+           (size_t) 16*MT*pfa_s_stride()*sizeof(float) + (size_t) 16*MT*pfa_p_stride()*sizeof(half);
+}
+
+// The kernel's m-tiles of 16 for `rows` rows (at most PFA_MAX_ROWS).
+static constexpr __host__ __device__ int pfa_m_tiles(const int rows) {
+    return rows <= 16 ? 1 : 2;
 }
 
 static size_t pfa_partial_floats(const int D, const int n_head_kv, const int nsplit, const int rows) {
@@ -133,7 +140,17 @@ static __device__ __forceinline__ void pfa_ldmatrix4(unsigned (&r)[4], const hal
 #endif // CP_ASYNC_AVAILABLE
 }
 
-template <int D>
+// Query row r's dims d and d + 1, scaled, as f16 (zeros past row R): row r = i*G + g is query row i of head h*G + g.
+static __device__ __forceinline__ half2 pfa_q_pair(const pfa_args & a, const int h, const int G, const int R, const int r, const int d) {
+    if (r >= R) {
+        return __floats2half2_rn(0.0f, 0.0f);
+    }
+    const float2 v = *(const float2 *) (a.q + (r / G)*a.q_row + (h*G + r % G)*a.q_head + d);
+    return __floats2half2_rn(v.x*a.scale, v.y*a.scale);
+}
+
+// MT: m-tiles of 16 rows; rows past R are zeros throughout and never stored.
+template <int D, int MT>
 static __global__ void __launch_bounds__(PFA_THREADS)
 pyqwen_fattn_decode(const pfa_args a) {
 #ifdef CP_ASYNC_AVAILABLE
@@ -142,12 +159,14 @@ pyqwen_fattn_decode(const pfa_args a) {
     constexpr int PS   = pfa_p_stride();
     constexpr int DW   = D/NW;                       // dims of V a warp sums
     constexpr int ROW  = pfa_row(D);
-    constexpr int MR   = PFA_MAX_ROWS/NW;            // rows a warp takes in the softmax
+    constexpr int RP   = 16*MT;                      // rows, padded to whole m-tiles
     constexpr int SC   = pfa_s_stride();             // a row's stride in sc
     constexpr int RC   = D/8;                        // 16-byte chunks of a row
-    static_assert(PFA_TILE == NW*8 && PFA_TILE == WARP_SIZE && DW % 16 == 0 && PFA_MAX_ROWS % NW == 0 &&
-                  PFA_THREADS % RC == 0 && PFA_STAGES >= 1,
-                  "a warp 8 positions (an mma's n) and whole 16-dim pairs of V, a lane a position in the softmax");
+    constexpr int SQ   = PFA_TILE/PFA_ROW_THREADS;   // positions a thread takes in the softmax
+    constexpr int SR   = PFA_THREADS/PFA_ROW_THREADS;// rows the softmax takes at a time
+    constexpr int SP   = (RP + SR - 1)/SR;           // and its passes over the rows
+    static_assert(PFA_TILE == NW*8 && DW % 16 == 0 && PFA_THREADS % RC == 0 && PFA_STAGES >= 1 && SQ == 8 &&
+                  16*MT <= PFA_MAX_ROWS, "a warp 8 positions (an mma's n) and whole 16-dim pairs of V, 8 positions a softmax thread");
     const int h = blockIdx.x, split = blockIdx.y, nsplit = gridDim.y;
     const int G = a.n_head/a.n_head_kv, R = G*a.n_q;
     const int t = threadIdx.x, lane = t % WARP_SIZE, warp = t / WARP_SIZE, g = lane / 4, c = lane % 4;
@@ -155,10 +174,10 @@ pyqwen_fattn_decode(const pfa_args a) {
     const int ntiles = (p1 - p0 + PFA_TILE - 1)/PFA_TILE;
     extern __shared__ __align__(16) unsigned char pfa_smem_raw[];
     half  * tiles = (half *) pfa_smem_raw;                      // [PFA_STAGES][K, V][PFA_TILE][KS]
-    half  * qh    = tiles + PFA_STAGES*2*PFA_TILE*KS;           // [PFA_MAX_ROWS][KS], zero past row R
-    float * sc    = (float *) (qh + PFA_MAX_ROWS*KS);           // [PFA_MAX_ROWS][SC]: a tile's scores
-    half  * ph    = (half *) (sc + PFA_MAX_ROWS*SC);            // [PFA_MAX_ROWS][PS]: a tile's weights, zero past row R
-    __shared__ float row_max[PFA_MAX_ROWS], row_sum[PFA_MAX_ROWS], corr[PFA_MAX_ROWS];
+    float * sc    = (float *) (tiles + PFA_STAGES*2*PFA_TILE*KS); // [RP][SC]: a tile's scores
+    half  * ph    = (half *) (sc + RP*SC);                      // [RP][PS]: a tile's weights, zero past row R
+    half  * qh    = ph + RP*PS;                                 // [RP][KS], MT > 1: the scaled queries
+    __shared__ float row_max[RP], row_sum[RP], corr[RP];
 
     // tile i's K and V rows into stage i % PFA_STAGES, one group of copies a tile (an empty group past the last
     // tile, so that pfa_wait counts alike every tile); rows past the split repeat its last row, scored as masked
@@ -181,41 +200,55 @@ pyqwen_fattn_decode(const pfa_args a) {
         issue(i);
     }
 
-    // row r = i*G + g: query row i of head h*G + g, scaled, as f16; the rows past R and the weights' zero
-    for (int e = 4*t; e < PFA_MAX_ROWS*D; e += 4*PFA_THREADS) {
-        const int r = e / D, d = e % D;
-        float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        if (r < R) {
-            v = *(const float4 *) (a.q + (r / G)*a.q_row + (h*G + r % G)*a.q_head + d);
+    // the queries as mma A fragments (rows g and g + 8 of an m-tile): at one m-tile in registers for the CTA's
+    // life, straight from global memory; at more (their registers would not fit) in shared memory, read a tile
+    [[maybe_unused]] unsigned qa[MT == 1 ? D/16 : 1][4];
+    if constexpr (MT == 1) {
+#pragma unroll
+        for (int k = 0; k < D/16; ++k) {
+#pragma unroll
+            for (int w = 0; w < 4; ++w) {
+                const half2 v = pfa_q_pair(a, h, G, R, g + 8*(w % 2), 16*k + 8*(w / 2) + 2*c);
+                qa[k][w] = *(const unsigned *) &v;
+            }
         }
-        *(half2 *) (qh + r*KS + d)     = __floats2half2_rn(v.x*a.scale, v.y*a.scale);
-        *(half2 *) (qh + r*KS + d + 2) = __floats2half2_rn(v.z*a.scale, v.w*a.scale);
+    } else {
+        for (int e = t; e < RP*D/2; e += PFA_THREADS) {
+            const int r = 2*e / D, d = 2*e % D;
+            *(half2 *) (qh + r*KS + d) = pfa_q_pair(a, h, G, R, r, d);
+        }
     }
-    for (int e = t; e < PFA_MAX_ROWS*PS; e += PFA_THREADS) {
-        ph[e] = __float2half(0.0f);
-    }
-    if (t < R) {
-        row_max[t] = -INFINITY;
-        row_sum[t] = 0.0f;
+    for (int r = t; r < RP; r += PFA_THREADS) {
+        row_max[r] = -INFINITY;
+        row_sum[r] = 0.0f;
     }
     __syncthreads();
-    // the queries as mma A fragments (rows 8..15 are zero), for the CTA's life
-    unsigned qa[D/16][2];
+    const auto q_frag = [&](unsigned (&f)[4], const int mt, const int k) {
+        if constexpr (MT == 1) {
 #pragma unroll
-    for (int k = 0; k < D/16; ++k) {
-        qa[k][0] = *(const unsigned *) (qh + g*KS + 16*k + 2*c);
-        qa[k][1] = *(const unsigned *) (qh + g*KS + 16*k + 8 + 2*c);
-    }
-    float acc[DW/8][4] = {}; // O: rows g (and the zero rows g + 8), dims warp*DW + 8j + 2c, + 1
-    // the mask at tile i of this warp's softmax rows, a lane a position; loaded a tile ahead of its use
-    const auto load_mask = [&](const int i, float * mv) {
-#pragma unroll
-        for (int k = 0; k < MR; ++k) {
-            const int r = warp + k*NW, p = p0 + i*PFA_TILE + lane;
-            mv[k] = a.mask && r < R && p < p1 ? __half2float(a.mask[(r / G)*a.mask_row + p]) : 0.0f;
+            for (int w = 0; w < 4; ++w) {
+                f[w] = qa[k][w];
+            }
+        } else {
+            pfa_ldmatrix4<false>(f, qh + (16*mt + 8*((lane / 8) % 2) + lane % 8)*KS + 16*k + 8*(lane / 16));
         }
     };
-    float mv[MR];
+    float acc[MT][DW/8][4] = {}; // O: rows 16mt + g and + 8, dims warp*DW + 8j + 2c, + 1
+    // the softmax's share of a thread: 8 positions (sq0 on) of rows t/PFA_ROW_THREADS + SR*k; the mask at tile i
+    // there, loaded a tile ahead of its use
+    const int sq0 = SQ*(t % PFA_ROW_THREADS);
+    const auto load_mask = [&](const int i, float (*mv)[SQ]) {
+#pragma unroll
+        for (int k = 0; k < SP; ++k) {
+            const int r = t / PFA_ROW_THREADS + SR*k;
+#pragma unroll
+            for (int e = 0; e < SQ; ++e) {
+                const int p = p0 + i*PFA_TILE + sq0 + e;
+                mv[k][e] = a.mask && r < R && p < p1 ? __half2float(a.mask[(r / G)*a.mask_row + p]) : 0.0f;
+            }
+        }
+    };
+    float mv[SP][SQ];
     load_mask(0, mv);
 
     for (int i = 0; i < ntiles; ++i) {
@@ -226,57 +259,103 @@ pyqwen_fattn_decode(const pfa_args a) {
         const int nb = min(PFA_TILE, p1 - p0 - i*PFA_TILE);
         // scores S = Q K^T of this warp's 8 positions: B = K^T, its column n is position 8*warp + n
         {
-            float s0[4] = {}, s1[4] = {}; // even and odd 16-dim steps: two chains of dependent mmas, each half as long
+            float s0[MT][4] = {}, s1[MT][4] = {}; // even and odd 16-dim steps: two chains of dependent mmas, each half as long
 #pragma unroll
             for (int k = 0; k < D/16; k += 2) {
                 unsigned kb[4]; // dims 16k + 8m, m = 0..3, of the warp's 8 positions
                 pfa_ldmatrix4<false>(kb, kt + (8*warp + lane % 8)*KS + 16*k + 8*(lane / 8));
-                const unsigned a0[4] = {qa[k][0], 0u, qa[k][1], 0u}, a1[4] = {qa[k + 1][0], 0u, qa[k + 1][1], 0u};
-                pfa_mma(s0, a0, kb[0], kb[1]);
-                pfa_mma(s1, a1, kb[2], kb[3]);
+#pragma unroll
+                for (int mt = 0; mt < MT; ++mt) {
+                    unsigned a0[4], a1[4];
+                    q_frag(a0, mt, k);
+                    q_frag(a1, mt, k + 1);
+                    pfa_mma(s0[mt], a0, kb[0], kb[1]);
+                    pfa_mma(s1[mt], a1, kb[2], kb[3]);
+                }
             }
-            *(float2 *) (sc + g*SC + 8*warp + 2*c) = make_float2(s0[0] + s1[0], s0[1] + s1[1]);
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt) {
+                *(float2 *) (sc + (16*mt + g)*SC + 8*warp + 2*c)     = make_float2(s0[mt][0] + s1[mt][0], s0[mt][1] + s1[mt][1]);
+                *(float2 *) (sc + (16*mt + g + 8)*SC + 8*warp + 2*c) = make_float2(s0[mt][2] + s1[mt][2], s0[mt][3] + s1[mt][3]);
+            }
         }
-        float mv_next[MR];
+        float mv_next[SP][SQ];
         load_mask(i + 1, mv_next);
         __syncthreads();
-        // online softmax, a warp a row and a lane a position: the mask added, the row's new maximum, the old
-        // sums' correction, the tile's weights (zero past the split) as f16
+        // online softmax, PFA_ROW_THREADS threads a row: the mask added, the row's new maximum, the old sums'
+        // correction, the tile's weights (zero past the split) as f16. Rows past R see only -inf: weights 0.
 #pragma unroll
-        for (int k = 0; k < MR; ++k) {
-            const int r = warp + k*NW;
-            if (r < R) {
-                const float x = lane < nb ? sc[r*SC + lane] + mv[k] : -INFINITY;
-                const float m = fmaxf(warp_reduce_max(x), row_max[r]);
-                const float w = m == -INFINITY ? 0.0f : expf(x - m);
-                ph[r*PS + lane] = __float2half(w);
-                const float l = warp_reduce_sum(w);
-                if (lane == 0) {
-                    const float cr = row_max[r] == -INFINITY ? 0.0f : expf(row_max[r] - m);
+        for (int k = 0; k < SP; ++k) {
+            const int r = t / PFA_ROW_THREADS + SR*k;
+            if (r < RP) { // uniform over a warp's rows
+                float x[SQ], m = -INFINITY;
+#pragma unroll
+                for (int e = 0; e < SQ; ++e) {
+                    x[e] = r < R && sq0 + e < nb ? sc[r*SC + sq0 + e] + mv[k][e] : -INFINITY;
+                    m = fmaxf(m, x[e]);
+                }
+#pragma unroll
+                for (int o = 1; o < PFA_ROW_THREADS; o <<= 1) {
+                    m = fmaxf(m, __shfl_xor_sync(0xFFFFFFFF, m, o, WARP_SIZE));
+                }
+                const float m_old = row_max[r];
+                m = fmaxf(m, m_old);
+                float l = 0.0f;
+                unsigned w[SQ/2];
+#pragma unroll
+                for (int e = 0; e < SQ; e += 2) {
+                    const float w0 = m == -INFINITY ? 0.0f : expf(x[e] - m), w1 = m == -INFINITY ? 0.0f : expf(x[e + 1] - m);
+                    l += w0 + w1;
+                    const half2 wh = __floats2half2_rn(w0, w1);
+                    w[e/2] = *(const unsigned *) &wh;
+                }
+                *(uint4 *) (ph + r*PS + sq0) = make_uint4(w[0], w[1], w[2], w[3]);
+#pragma unroll
+                for (int o = 1; o < PFA_ROW_THREADS; o <<= 1) {
+                    l += __shfl_xor_sync(0xFFFFFFFF, l, o, WARP_SIZE);
+                }
+                if (t % PFA_ROW_THREADS == 0) {
+                    const float cr = m_old == -INFINITY ? 0.0f : expf(m_old - m);
                     corr[r] = cr;
                     row_sum[r] = row_sum[r]*cr + l;
                     row_max[r] = m;
                 }
             }
-            mv[k] = mv_next[k];
+#pragma unroll
+            for (int e = 0; e < SQ; ++e) {
+                mv[k][e] = mv_next[k][e];
+            }
         }
         __syncthreads();
-        // O = corr O + P V over this warp's DW dims: A = P (rows g), B = V, two 8-dim n tiles a 4-matrix load
-        const float cg = g < R ? corr[g] : 0.0f;
+        // O = corr O + P V over this warp's DW dims: A = P (rows 16mt + g, + 8), B = V, two 8-dim n tiles a
+        // 4-matrix load
 #pragma unroll
-        for (int j = 0; j < DW/8; ++j) {
-            acc[j][0] *= cg;
-            acc[j][1] *= cg;
+        for (int mt = 0; mt < MT; ++mt) {
+            const float c0 = corr[16*mt + g], c1 = corr[16*mt + g + 8];
+#pragma unroll
+            for (int j = 0; j < DW/8; ++j) {
+                acc[mt][j][0] *= c0;
+                acc[mt][j][1] *= c0;
+                acc[mt][j][2] *= c1;
+                acc[mt][j][3] *= c1;
+            }
         }
 #pragma unroll
         for (int k = 0; k < PFA_TILE/16; ++k) {
-            const unsigned pa[4] = {*(const unsigned *) (ph + g*PS + 16*k + 2*c), 0u, *(const unsigned *) (ph + g*PS + 16*k + 8 + 2*c), 0u};
+            unsigned pa[MT][4];
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt) {
+                pfa_ldmatrix4<false>(pa[mt], ph + (16*mt + 8*((lane / 8) % 2) + lane % 8)*PS + 16*k + 8*(lane / 16));
+            }
 #pragma unroll
             for (int j = 0; j < DW/8; j += 2) {
                 unsigned vb[4]; // positions 16k + 8(m%2), dims warp*DW + 8(j + m/2), m = 0..3, transposed
                 pfa_ldmatrix4<true>(vb, vt + (16*k + 8*((lane / 8) % 2) + lane % 8)*KS + warp*DW + 8*(j + lane / 16));
-                pfa_mma(acc[j],     pa, vb[0], vb[1]);
-                pfa_mma(acc[j + 1], pa, vb[2], vb[3]);
+#pragma unroll
+                for (int mt = 0; mt < MT; ++mt) {
+                    pfa_mma(acc[mt][j],     pa[mt], vb[0], vb[1]);
+                    pfa_mma(acc[mt][j + 1], pa[mt], vb[2], vb[3]);
+                }
             }
         }
         __syncthreads(); // the stage, sc and ph are rewritten next tile
@@ -284,17 +363,24 @@ pyqwen_fattn_decode(const pfa_args a) {
 
     ggml_cuda_pdl_lc(); // the combine may launch: it waits for this grid to finish before it reads the partials
 
-    // the partial rows: O's rows g < R, their maximum and sum
+    // the partial rows: O's rows below R, their maximum and sum
     float * part = a.partial + ((int64_t) h*nsplit + split)*R*ROW;
-    if (g < R) {
 #pragma unroll
-        for (int j = 0; j < DW/8; ++j) {
-            *(float2 *) (part + g*ROW + warp*DW + 8*j + 2*c) = make_float2(acc[j][0], acc[j][1]);
+    for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+        for (int half8 = 0; half8 < 2; ++half8) {
+            const int r = 16*mt + g + 8*half8;
+            if (r < R) {
+#pragma unroll
+                for (int j = 0; j < DW/8; ++j) {
+                    *(float2 *) (part + r*ROW + warp*DW + 8*j + 2*c) = make_float2(acc[mt][j][2*half8], acc[mt][j][2*half8 + 1]);
+                }
+            }
         }
     }
-    if (t < R) {
-        part[t*ROW + D]     = row_max[t];
-        part[t*ROW + D + 1] = row_sum[t];
+    for (int r = t; r < R; r += PFA_THREADS) {
+        part[r*ROW + D]     = row_max[r];
+        part[r*ROW + D + 1] = row_sum[r];
     }
 #else
     GGML_UNUSED(a);
