@@ -23,7 +23,7 @@
 // PFA_STAGES and PFA_MAX_SPLITS may be set at build time: fattn_decode_bench is built with other values to compare.
 #ifndef PFA_STAGES
 #define PFA_STAGES   2   // tiles of K and V in shared memory: the one being read and the next on its way (3 took
-                         // as long on the H200, and 72 KB a CTA at D = 256 fits the 99 KB of Ampere's and Ada's
+                         // as long on the H200, and 70 KB a CTA at D = 256 fits the 99 KB of Ampere's and Ada's
                          // desktop GPUs, where three stages' 108 KB sent them to upstream's kernels)
 #endif // PFA_STAGES
 #define PFA_THREADS    128 // 4 warps: a warp scores 8 positions of a tile and sums D/4 dims of V
@@ -140,15 +140,6 @@ static __device__ __forceinline__ void pfa_ldmatrix4(unsigned (&r)[4], const hal
 #endif // CP_ASYNC_AVAILABLE
 }
 
-// Query row r's dims d and d + 1, scaled, as f16 (zeros past row R): row r = i*G + g is query row i of head h*G + g.
-static __device__ __forceinline__ half2 pfa_q_pair(const pfa_args & a, const int h, const int G, const int R, const int r, const int d) {
-    if (r >= R) {
-        return __floats2half2_rn(0.0f, 0.0f);
-    }
-    const float2 v = *(const float2 *) (a.q + (r / G)*a.q_row + (h*G + r % G)*a.q_head + d);
-    return __floats2half2_rn(v.x*a.scale, v.y*a.scale);
-}
-
 // MT: m-tiles of 16 rows; rows past R are zeros throughout and never stored.
 template <int D, int MT>
 static __global__ void __launch_bounds__(PFA_THREADS)
@@ -165,7 +156,7 @@ pyqwen_fattn_decode(const pfa_args a) {
     constexpr int SQ   = PFA_TILE/PFA_ROW_THREADS;   // positions a thread takes in the softmax
     constexpr int SR   = PFA_THREADS/PFA_ROW_THREADS;// rows the softmax takes at a time
     constexpr int SP   = (RP + SR - 1)/SR;           // and its passes over the rows
-    static_assert(PFA_TILE == NW*8 && DW % 16 == 0 && PFA_THREADS % RC == 0 && PFA_STAGES >= 1 && SQ == 8 &&
+    static_assert(PFA_TILE == NW*8 && DW % 16 == 0 && PFA_THREADS % RC == 0 && PFA_STAGES >= 2 && SQ == 8 &&
                   16*MT <= PFA_MAX_ROWS, "a warp 8 positions (an mma's n) and whole 16-dim pairs of V, 8 positions a softmax thread");
     const int h = blockIdx.x, split = blockIdx.y, nsplit = gridDim.y;
     const int G = a.n_head/a.n_head_kv, R = G*a.n_q;
@@ -176,7 +167,7 @@ pyqwen_fattn_decode(const pfa_args a) {
     half  * tiles = (half *) pfa_smem_raw;                      // [PFA_STAGES][K, V][PFA_TILE][KS]
     float * sc    = (float *) (tiles + PFA_STAGES*2*PFA_TILE*KS); // [RP][SC]: a tile's scores
     half  * ph    = (half *) (sc + RP*SC);                      // [RP][PS]: a tile's weights, zero past row R
-    half  * qh    = ph + RP*PS;                                 // [RP][KS], MT > 1: the scaled queries
+    half  * qh    = ph + RP*PS;                                 // [RP][KS], MT > 1: the queries
     __shared__ float row_max[RP], row_sum[RP], corr[RP];
 
     // tile i's K and V rows into stage i % PFA_STAGES, one group of copies a tile (an empty group past the last
@@ -200,29 +191,35 @@ pyqwen_fattn_decode(const pfa_args a) {
         issue(i);
     }
 
-    // the queries as mma A fragments (rows g and g + 8 of an m-tile): at one m-tile in registers for the CTA's
-    // life, straight from global memory; at more (their registers would not fit) in shared memory, read a tile
-    [[maybe_unused]] unsigned qa[MT == 1 ? D/16 : 1][4];
-    if constexpr (MT == 1) {
-#pragma unroll
-        for (int k = 0; k < D/16; ++k) {
-#pragma unroll
-            for (int w = 0; w < 4; ++w) {
-                const half2 v = pfa_q_pair(a, h, G, R, g + 8*(w % 2), 16*k + 8*(w / 2) + 2*c);
-                qa[k][w] = *(const unsigned *) &v;
-            }
+    // the queries, scaled, as f16 rows (zero past R): at one m-tile staged in the last K/V stage, whose first
+    // copies the loop issues, and taken from there into registers as mma A fragments (rows g and g + 8) for the
+    // CTA's life; at two in a region of their own, read a tile (their registers would not fit)
+    half * qs = MT == 1 ? tiles + (PFA_STAGES - 1)*2*PFA_TILE*KS : qh;
+    for (int e = 4*t; e < RP*D; e += 4*PFA_THREADS) {
+        const int r = e / D, d = e % D;
+        float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        if (r < R) {
+            v = *(const float4 *) (a.q + (r / G)*a.q_row + (h*G + r % G)*a.q_head + d);
         }
-    } else {
-        for (int e = t; e < RP*D/2; e += PFA_THREADS) {
-            const int r = 2*e / D, d = 2*e % D;
-            *(half2 *) (qh + r*KS + d) = pfa_q_pair(a, h, G, R, r, d);
-        }
+        *(half2 *) (qs + r*KS + d)     = __floats2half2_rn(v.x*a.scale, v.y*a.scale);
+        *(half2 *) (qs + r*KS + d + 2) = __floats2half2_rn(v.z*a.scale, v.w*a.scale);
     }
     for (int r = t; r < RP; r += PFA_THREADS) {
         row_max[r] = -INFINITY;
         row_sum[r] = 0.0f;
     }
     __syncthreads();
+    const auto q_ldmatrix = [&](unsigned (&f)[4], const int mt, const int k) {
+        pfa_ldmatrix4<false>(f, qs + (16*mt + 8*((lane / 8) % 2) + lane % 8)*KS + 16*k + 8*(lane / 16));
+    };
+    [[maybe_unused]] unsigned qa[MT == 1 ? D/16 : 1][4];
+    if constexpr (MT == 1) {
+#pragma unroll
+        for (int k = 0; k < D/16; ++k) {
+            q_ldmatrix(qa[k], 0, k);
+        }
+        __syncthreads(); // the stage is free for the loop's copies
+    }
     const auto q_frag = [&](unsigned (&f)[4], const int mt, const int k) {
         if constexpr (MT == 1) {
 #pragma unroll
@@ -230,7 +227,7 @@ pyqwen_fattn_decode(const pfa_args a) {
                 f[w] = qa[k][w];
             }
         } else {
-            pfa_ldmatrix4<false>(f, qh + (16*mt + 8*((lane / 8) % 2) + lane % 8)*KS + 16*k + 8*(lane / 16));
+            q_ldmatrix(f, mt, k);
         }
     };
     float acc[MT][DW/8][4] = {}; // O: rows 16mt + g and + 8, dims warp*DW + 8j + 2c, + 1
