@@ -232,16 +232,22 @@ pyqwen_fattn_decode(const pfa_args a) {
     };
     float acc[MT][DW/8][4] = {}; // O: rows 16mt + g and + 8, dims warp*DW + 8j + 2c, + 1
     // the softmax's share of a thread: 8 positions (sq0 on) of rows t/PFA_ROW_THREADS + SR*k; the mask at tile i
-    // there, loaded a tile ahead of its use
+    // there, loaded a tile ahead of its use, from rows found once (a division by G each: in the loop, the compiler
+    // did it again for every position)
     const int sq0 = SQ*(t % PFA_ROW_THREADS);
+    const half * mask_rows[SP];
+#pragma unroll
+    for (int k = 0; k < SP; ++k) {
+        const int r = t / PFA_ROW_THREADS + SR*k;
+        mask_rows[k] = a.mask && r < R ? a.mask + (r / G)*a.mask_row + p0 + sq0 : nullptr;
+    }
     const auto load_mask = [&](const int i, float (*mv)[SQ]) {
 #pragma unroll
         for (int k = 0; k < SP; ++k) {
-            const int r = t / PFA_ROW_THREADS + SR*k;
 #pragma unroll
             for (int e = 0; e < SQ; ++e) {
-                const int p = p0 + i*PFA_TILE + sq0 + e;
-                mv[k][e] = a.mask && r < R && p < p1 ? __half2float(a.mask[(r / G)*a.mask_row + p]) : 0.0f;
+                const int p = i*PFA_TILE + e; // from p0 + sq0
+                mv[k][e] = mask_rows[k] && p0 + sq0 + p < p1 ? __half2float(mask_rows[k][p]) : 0.0f;
             }
         }
     };
@@ -286,9 +292,11 @@ pyqwen_fattn_decode(const pfa_args a) {
             const int r = t / PFA_ROW_THREADS + SR*k;
             if (r < RP) { // uniform over a warp's rows
                 float x[SQ], m = -INFINITY;
+                const float4 s_lo = *(const float4 *) (sc + r*SC + sq0), s_hi = *(const float4 *) (sc + r*SC + sq0 + 4);
+                const float s[SQ] = {s_lo.x, s_lo.y, s_lo.z, s_lo.w, s_hi.x, s_hi.y, s_hi.z, s_hi.w}; // 2 loads, not 8
 #pragma unroll
                 for (int e = 0; e < SQ; ++e) {
-                    x[e] = r < R && sq0 + e < nb ? sc[r*SC + sq0 + e] + mv[k][e] : -INFINITY;
+                    x[e] = r < R && sq0 + e < nb ? s[e] + mv[k][e] : -INFINITY;
                     m = fmaxf(m, x[e]);
                 }
 #pragma unroll
