@@ -38,15 +38,6 @@ static __global__ void fill_random(half * x, const size_t n, const unsigned seed
     }
 }
 
-// the kernel's shared memory limit raised, and how many of its CTAs fit an SM (as pyqwen-fattn-decode.cu asks)
-template <int D, int MT>
-static int ctas_per_sm() {
-    CUDA_CHECK(cudaFuncSetAttribute(pyqwen_fattn_decode<D, MT>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int) pfa_smem(D, MT)));
-    int c = 0;
-    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&c, pyqwen_fattn_decode<D, MT>, PFA_THREADS, pfa_smem(D, MT)));
-    return c;
-}
-
 // the two kernels, as pyqwen-fattn-decode.cu launches them: through ggml_cuda_kernel_launch, with programmatic
 // dependent launch (on Hopper, unless GGML_CUDA_PDL=0) or, pdl false, without
 template <int D>
@@ -82,7 +73,7 @@ int main() {
     std::uniform_real_distribution<float> ud;
     const attn_shape sh = {16, 4, 256};
     const int D = sh.D, n_check = 8192, n_ctx = 32768; // the checks' deepest cache; a timed layer's
-    const int nsm = prop.multiProcessorCount, ctas_mt[3] = {0, ctas_per_sm<256, 1>(), ctas_per_sm<256, 2>()};
+    const int nsm = prop.multiProcessorCount, ctas_mt[3] = {0, pfa_occupancy<256, 1>(), pfa_occupancy<256, 2>()};
     int passed = 0, failed = 0;
 
     // the checks' cache: n_check positions of n_head_kv heads, as pyqwen's [D*n_head_kv, n_ctx] f16 tensors

@@ -4,16 +4,13 @@
 
 #include <atomic>
 
-// CTAs of pyqwen_fattn_decode<D, MT> that fit an SM together (3 at D = 256 and one m-tile on the H200, 1 on
-// Ampere's and Ada's desktop GPUs), with its shared memory limit raised first: asked of the CUDA runtime once
-// per process and device (threads that race here store the same value).
+// pfa_occupancy, asked of the CUDA runtime once per process and device (threads that race here store the same value).
 template <int D, int MT>
 static int pfa_ctas_per_sm(const int device) {
     static std::atomic<int> cache[GGML_CUDA_MAX_DEVICES]; // 0: not asked yet
     int c = cache[device].load(std::memory_order_relaxed);
     if (c == 0) {
-        CUDA_SET_SHARED_MEMORY_LIMIT((pyqwen_fattn_decode<D, MT>), pfa_smem(D, MT));
-        CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&c, pyqwen_fattn_decode<D, MT>, PFA_THREADS, pfa_smem(D, MT)));
+        c = pfa_occupancy<D, MT>();
         cache[device].store(c, std::memory_order_relaxed);
     }
     return c;

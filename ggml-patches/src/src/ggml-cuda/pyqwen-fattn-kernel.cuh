@@ -393,6 +393,16 @@ pyqwen_fattn_decode(const pfa_args a) {
 #endif // CP_ASYNC_AVAILABLE
 }
 
+// CTAs of pyqwen_fattn_decode<D, MT> that fit an SM together (3 at D = 256 and one m-tile on the H200, 1 on
+// Ampere's and Ada's desktop GPUs), its shared memory limit raised first: what pfa_chunk's split is sized by.
+template <int D, int MT>
+static int pfa_occupancy() {
+    CUDA_SET_SHARED_MEMORY_LIMIT((pyqwen_fattn_decode<D, MT>), pfa_smem(D, MT));
+    int c = 0;
+    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&c, pyqwen_fattn_decode<D, MT>, PFA_THREADS, pfa_smem(D, MT)));
+    return c;
+}
+
 // CTA (h, r, z) merges kv head h's row r over the splits, dims z*PFA_COMBINE_DIMS on, and writes them: each
 // split's weight exp(m_s - M) from the maxima (a thread a split), then a thread a float4 column of every
 // PFA_COMBINE_THREADS/(PFA_COMBINE_DIMS/4)-th split, summed in shared memory. A launch of its own: where the
