@@ -38,21 +38,17 @@ static __global__ void fill_random(half * x, const size_t n, const unsigned seed
     }
 }
 
-// the two kernels, as pyqwen-fattn-decode.cu launches them: through ggml_cuda_kernel_launch, with programmatic
-// dependent launch (on Hopper, unless GGML_CUDA_PDL=0) or, pdl false, without
+// the two kernels, as pyqwen-fattn-decode.cu launches them (pfa_launch), with programmatic dependent launch (on
+// Hopper, unless GGML_CUDA_PDL=0) or, pdl false, without
 template <int D>
 static void launch(const pfa_args & a, int nsplit, cudaStream_t st, bool pdl = false) {
     const int rows = a.n_head/a.n_head_kv*a.n_q;
     ggml_cuda_pdl_off = !pdl;
     if (pfa_m_tiles(rows) == 1) {
-        ggml_cuda_kernel_launch(pyqwen_fattn_decode<D, 1>,
-            ggml_cuda_kernel_launch_params(dim3(a.n_head_kv, nsplit), dim3(PFA_THREADS), pfa_smem(D, 1), st), a);
+        pfa_launch<D, 1>(a, nsplit, rows, st);
     } else {
-        ggml_cuda_kernel_launch(pyqwen_fattn_decode<D, 2>,
-            ggml_cuda_kernel_launch_params(dim3(a.n_head_kv, nsplit), dim3(PFA_THREADS), pfa_smem(D, 2), st), a);
+        pfa_launch<D, 2>(a, nsplit, rows, st);
     }
-    ggml_cuda_kernel_launch(pyqwen_fattn_combine<D>,
-        ggml_cuda_kernel_launch_params(dim3(a.n_head_kv, rows, D/PFA_COMBINE_DIMS), dim3(PFA_COMBINE_THREADS), 0, st), a);
     ggml_cuda_pdl_off = false;
 }
 

@@ -27,10 +27,7 @@ static void pfa_run(ggml_backend_cuda_context & ctx, pfa_args a, const int rows)
     // these waits for the kernels before it (ggml_cuda_pdl_sync) before it touches global memory
     const bool pdl_off = ggml_cuda_pdl_off;
     ggml_cuda_pdl_off = false;
-    ggml_cuda_kernel_launch(pyqwen_fattn_decode<D, MT>,
-        ggml_cuda_kernel_launch_params(dim3(a.n_head_kv, nsplit), dim3(PFA_THREADS), pfa_smem(D, MT), ctx.stream()), a);
-    ggml_cuda_kernel_launch(pyqwen_fattn_combine<D>,
-        ggml_cuda_kernel_launch_params(dim3(a.n_head_kv, rows, D/PFA_COMBINE_DIMS), dim3(PFA_COMBINE_THREADS), 0, ctx.stream()), a);
+    pfa_launch<D, MT>(a, nsplit, rows, ctx.stream());
     ggml_cuda_pdl_off = pdl_off;
     CUDA_CHECK(cudaGetLastError());
 }

@@ -461,3 +461,13 @@ pyqwen_fattn_combine(const pfa_args a) {
         dst[3] = sum.w*inv;
     }
 }
+
+// Both kernels for `rows` rows a kv head over nsplit splits of a.chunk positions, a.partial holding theirs, through
+// ggml-cuda's launch (with PDL unless ggml_cuda_pdl_off): pyqwen-fattn-decode.cu's launch and fattn_decode_bench's.
+template <int D, int MT>
+static void pfa_launch(const pfa_args & a, const int nsplit, const int rows, cudaStream_t stream) {
+    ggml_cuda_kernel_launch(pyqwen_fattn_decode<D, MT>,
+        ggml_cuda_kernel_launch_params(dim3(a.n_head_kv, nsplit), dim3(PFA_THREADS), pfa_smem(D, MT), stream), a);
+    ggml_cuda_kernel_launch(pyqwen_fattn_combine<D>,
+        ggml_cuda_kernel_launch_params(dim3(a.n_head_kv, rows, D/PFA_COMBINE_DIMS), dim3(PFA_COMBINE_THREADS), 0, stream), a);
+}
