@@ -138,7 +138,7 @@ static void launch_gemv(int type, int u, const uint8_t * w, const uint8_t * xq, 
 static bool upstream_has(int type) { return type != GEMV_IL_W4A8; }
 
 static int pick_nwarps(int type, int64_t n, int64_t k) {
-    return gemv_il_pick_nwarps(n, k, g_prop.multiProcessorCount, [type](int nw) {
+    return gemv_il_pick_nwarps(n, k, gemv_il_stages(type), g_prop.multiProcessorCount, [type](int nw) {
         int c = 0;
         CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&c, gemv_kernel(type, gemv_il_stages(type)), nw*WARP_SIZE, 0));
         return c;

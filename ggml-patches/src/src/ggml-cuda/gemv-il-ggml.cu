@@ -151,7 +151,7 @@ static int gemv_il_ctas_per_sm(const int device, const int type, const int nwarp
 
 static int gemv_il_nwarps(const int device, const int type, const int64_t n, const int64_t k) {
     const int nsm = ggml_cuda_info().devices[device].nsm;
-    return gemv_il_pick_nwarps(n, k, nsm, [device, type](int nw) { return gemv_il_ctas_per_sm(device, type, nw); });
+    return gemv_il_pick_nwarps(n, k, gemv_il_stages(type), nsm, [device, type](int nw) { return gemv_il_ctas_per_sm(device, type, nw); });
 }
 
 // dst = W x prologue(x) (+ res) for m token rows of x (row stride stride_x floats), 8 rows per launch pair.

@@ -850,18 +850,40 @@ gemv_il_w4a8_to_q8_0(const uint8_t * src, uint8_t * dst, const int8_t * const * 
     }
 }
 
-// Warps per CTA: the largest split whose CTAs all fit on the GPU at once (one wave, no tail), else 4
-// (the output projection has thousands of tiles; on the H200, 4 is the best split there for Q4_0 and
-// 2-8% off it for Q4_K, bench/RESULTS.md, ninth session). nsm: multiprocessors; ctas_per_sm(nwarps):
-// occupancy.
+// Warps per CTA. A warp has S chunk loads in flight (its register stages), so a CTA lives about as many memory
+// round trips as its warps have chunks over S, and a grid as many CTA lives as it has waves: pick the split
+// with the fewest waves times round trips, at equal products the fewer waves (a shorter tail). One-wave splits
+// of few warps left slots empty and made their warps walk 4 to 8 chunks: the 9B's qkv, in_proj and gate+up at
+// S = 1 ran at 56-69% of the read ceiling with 4, 4 and 2 warps; 16, 16 and 8 took its Q4_0 token 3.4% faster
+// and tg128 3.2% (bench/RESULTS.md, nineteenth session). Shapes of many waves (the output projection) keep
+// 4 warps: the best split there on the H200 for Q4_0, 2-8% off it for Q4_K (ninth session).
+// nsm: multiprocessors; ctas_per_sm(nwarps): occupancy.
 template <typename F>
-static int gemv_il_pick_nwarps(const int64_t n, const int64_t k, const int nsm, F ctas_per_sm) {
+static int gemv_il_pick_nwarps(const int64_t n, const int64_t k, const int S, const int nsm, F ctas_per_sm) {
     const int64_t ntiles  = (n + GEMV_IL_TILE_ROWS - 1) / GEMV_IL_TILE_ROWS;
     const int64_t nchunks = k / GEMV_IL_CHUNK_K;
-    for (int nw = GEMV_IL_MAX_WARPS; nw >= 2; nw /= 2) {
-        if (nw <= nchunks && ntiles <= (int64_t) ctas_per_sm(nw)*nsm) {
-            return nw;
+    const auto waves = [&](const int nw) {
+        const int64_t slots = std::max<int64_t>(1, (int64_t) ctas_per_sm(nw)*nsm);
+        return (ntiles + slots - 1) / slots;
+    };
+    if (nchunks >= 4 && waves(4) >= 8) {
+        return 4;
+    }
+    if (nchunks < 2) {
+        return 1;
+    }
+    int best = 2;
+    int64_t best_cost = INT64_MAX, best_waves = INT64_MAX;
+    for (int nw = GEMV_IL_MAX_WARPS; nw >= 2; nw /= 2) { // as before: one warp a CTA was never picked
+        if (nw > nchunks) {
+            continue;
+        }
+        const int64_t w = waves(nw), cost = w * (((nchunks + nw - 1) / nw + S - 1) / S);
+        if (cost < best_cost || (cost == best_cost && w < best_waves)) {
+            best       = nw;
+            best_cost  = cost;
+            best_waves = w;
         }
     }
-    return (int) std::min<int64_t>(4, nchunks);
+    return best;
 }
