@@ -530,23 +530,6 @@ static __device__ __forceinline__ void gemv_il_cta_sum_squares(const float * x, 
     gemv_il_cta_reduce(acc, m, partial, ss);
 }
 
-// ss[t] = the sum of sums[t*ntiles + i] over the tiles i, for the m rows t (a residual GEMV's sums of
-// squares, gemv_il_epilogue::sums): a few floats a thread where summing the squares again reads the
-// whole rows. Every thread of the CTA must call it.
-static __device__ __forceinline__ void gemv_il_cta_sum_tiles(const float * sums, const int ntiles, const int m,
-                                                             float (*partial)[GEMV_IL_MAX_TOKENS], float * ss) {
-    float acc[GEMV_IL_MAX_TOKENS] = {};
-    for (int i = threadIdx.x; i < ntiles; i += blockDim.x) {
-#pragma unroll
-        for (int t = 0; t < GEMV_IL_MAX_TOKENS; ++t) {
-            if (t < m) {
-                acc[t] += sums[t*ntiles + i];
-            }
-        }
-    }
-    gemv_il_cta_reduce(acc, m, partial, ss);
-}
-
 // grid (k/32), block 256 = 8 warps = the 8 token rows (rows >= m are written as zeros). x[tok*stride_x + i];
 // xs holds gemv_il_xs_count(k) scales, then as many sums. IEEE divisions on purpose: ggml builds with
 // -use_fast_math, and the CPU reference must get the same codes. The norms sum the squares of their
@@ -586,31 +569,39 @@ gemv_il_quantize(const float * x, const int64_t stride_x, const int m, uint8_t *
             u = p.z[tok*p.stride_z + e / p.head * p.stride_zh + e % p.head];
         }
     }
-    __shared__ float ss[GEMV_IL_MAX_TOKENS];
+    // RMS_NORM: this token's sum of squares, from the tiles' sums by its own warp (no barrier), else
+    // summed again by the CTA
+    [[maybe_unused]] float ss = 0.0f;
     if constexpr (prologue == GEMV_IL_RMS_NORM) {
-        __shared__ float partial[GEMV_IL_MAX_TOKENS][GEMV_IL_MAX_TOKENS];
         if (p.sums) {
-            gemv_il_cta_sum_tiles(p.sums, p.ntiles, m, partial, ss);
+            if (tok < m) {
+                for (int i = kk; i < p.ntiles; i += WARP_SIZE) {
+                    ss += p.sums[tok*p.ntiles + i];
+                }
+            }
+            ss = warp_reduce_sum(ss);
         } else {
-            gemv_il_cta_sum_squares(x, stride_x, m, k, partial, ss);
+            __shared__ float partial[GEMV_IL_MAX_TOKENS][GEMV_IL_MAX_TOKENS], row_ss[GEMV_IL_MAX_TOKENS];
+            gemv_il_cta_sum_squares(x, stride_x, m, k, partial, row_ss);
+            ss = row_ss[tok];
         }
     }
     if (tok < m) {
         if constexpr (prologue == GEMV_IL_RMS_NORM) {
-            v *= rsqrtf(ss[tok]/(float) k + p.eps)*wn;
+            v *= rsqrtf(ss/(float) k + p.eps)*wn;
         } else if constexpr (prologue == GEMV_IL_SWIGLU) {
             v = v/(1.0f + expf(-v))*u;
         } else if constexpr (prologue == GEMV_IL_GATED_NORM) {
             const int64_t h0 = e / p.head * p.head;
-            float ss = 0.0f;
+            float hs = 0.0f;
             if (p.head % WARP_SIZE == 0) { // the warp's 32 elements lie in one head
-                ss = gemv_il_warp_sum_squares(row + h0, p.head);
+                hs = gemv_il_warp_sum_squares(row + h0, p.head);
             } else {
                 for (int i = 0; i < p.head; ++i) {
-                    ss += row[h0 + i]*row[h0 + i];
+                    hs += row[h0 + i]*row[h0 + i];
                 }
             }
-            v *= rsqrtf(ss/(float) p.head + p.eps)*wn*(u/(1.0f + expf(-u)));
+            v *= rsqrtf(hs/(float) p.head + p.eps)*wn*(u/(1.0f + expf(-u)));
         } else if constexpr (prologue == GEMV_IL_SIGMOID_GATE) {
             v *= 1.0f/(1.0f + expf(-u));
         }
