@@ -139,7 +139,10 @@ def bench(cmd: list[str], logfile: Path) -> tuple[list[dict], int]:
                               env={**os.environ, "CUDA_VISIBLE_DEVICES": GPU})
     if proc.returncode != 0:
         sys.exit(f"side_by_side: {cmd[0]} failed (exit {proc.returncode}); see {logfile}")
-    return [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")], mem.mib
+    records = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    for r in records:  # in the log at once: a call cut off before the other bench keeps these
+        log(f"{Path(cmd[0]).name} {test_name(r)}: {r['avg_ts']:.2f} ± {r['stddev_ts']:.2f} t/s")
+    return records, mem.mib
 
 
 def test_name(r: dict) -> str:
