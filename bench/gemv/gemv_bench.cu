@@ -5,6 +5,11 @@
 //   gemv_bench [--quick] [TYPE]  --quick: correctness of the small shapes only; TYPE: that type only
 //   gemv_bench --token TYPE [SHAPE]  one decode token's GEMVs of the 9B (or 27b) shape in TYPE (q4_0, q4_k,
 //                             q8_0, w4a8; the head Q6_K), each after its quantization, back to back in one CUDA graph
+//   built with -DGEMV_TIMELINE, GEMV_TOKEN_TIMELINE=1: also where that token's time goes, GEMV by GEMV
+//                             (gemv_timeline.cuh): each one's start, wait for the kernel before, body and tail
+#ifdef GEMV_TIMELINE
+#include "gemv_timeline.cuh"
+#endif
 #include "gemv-il.cuh"
 #include "gemv_ref.h"
 
@@ -437,6 +442,77 @@ static const token_shape token_shapes[] = {
     {"27b", 5120, 64, 16480, 14336, 6144, 17408},
 };
 
+#ifdef GEMV_TIMELINE
+// One GEMV of the timeline: its tiles' slots and what it reads.
+struct tl_gemv { size_t at, tile_bytes; int ntiles, k, n; double bytes; };
+
+// Replays the token's graph once more with every GEMV CTA stamping its times, then sums them by GEMV shape:
+// wait = from the previous GEMV's last CTA's exit to this one's first CTA past its PDL wait (the quantization
+// kernel between them and both completions), early = how long before that exit its first CTA was resident,
+// body = from that release to its last CTA's exit against the bytes at the read ceiling, tail = its last exit
+// after the median one. The stamps' own cost shows as the replay's time against the timed one.
+template <typename F>
+static void token_timeline(const std::vector<tl_gemv> & gs, const uint8_t * arena, size_t arena_bytes, double ceil_gbs,
+                           double us_timed, cudaStream_t st, F issue) {
+    const size_t nslots = (arena_bytes >> GEMV_TL_SLOT_SHIFT) + 1;
+    dev_buf slots(nslots*sizeof(gemv_tl_slot)), res(sizeof(unsigned long long));
+    gemv_tl_resolution<<<1, 1, 0, st>>>(res.as<unsigned long long>());
+    unsigned long long step = 0;
+    CUDA_CHECK(cudaMemcpyAsync(&step, res.p, sizeof step, cudaMemcpyDeviceToHost, st));
+    CUDA_CHECK(cudaMemsetAsync(slots.p, 0, nslots*sizeof(gemv_tl_slot), st));
+    CUDA_CHECK(cudaStreamSynchronize(st));
+    gemv_tl_slot * on = slots.as<gemv_tl_slot>(), * off = nullptr;
+    CUDA_CHECK(cudaMemcpyToSymbol(gemv_tl_slots, &on, sizeof on));
+    CUDA_CHECK(cudaMemcpyToSymbol(gemv_tl_base, &arena, sizeof arena));
+    const double us_stamped = time_graph(st, 1, issue); // the slots hold its last replay
+    CUDA_CHECK(cudaMemcpyToSymbol(gemv_tl_slots, &off, sizeof off));
+    std::vector<gemv_tl_slot> h(nslots);
+    CUDA_CHECK(cudaMemcpy(h.data(), slots.p, nslots*sizeof(gemv_tl_slot), cudaMemcpyDeviceToHost));
+
+    struct cls { int launches = 0; double ideal = 0, body = 0, wait = 0, early = 0, tail = 0; };
+    std::vector<std::pair<std::pair<int, int>, cls>> by_shape; // in order of first appearance
+    double first_start = 0, prev_exit = 0, sum_ideal = 0, sum_body = 0, sum_wait = 0;
+    int missing = 0;
+    // microseconds after the first GEMV's first tile started: the timer's ~1.8e18 ns would lose a double's precision
+    const unsigned long long base = h[gs[0].at >> GEMV_TL_SLOT_SHIFT].t[0];
+    const auto us_of = [&](unsigned long long t) { return 1e-3*(double) (long long) (t - base); };
+    for (size_t i = 0; i < gs.size(); ++i) {
+        const tl_gemv & g = gs[i];
+        std::vector<double> start, release, exit_;
+        for (int t = 0; t < g.ntiles; ++t) {
+            const gemv_tl_slot & sl = h[(g.at + t*g.tile_bytes) >> GEMV_TL_SLOT_SHIFT];
+            if (sl.t[0] == 0 || sl.t[1] == 0 || sl.t[3] == 0) { ++missing; continue; }
+            start.push_back(us_of(sl.t[0])); release.push_back(us_of(sl.t[1])); exit_.push_back(us_of(sl.t[3]));
+        }
+        if (start.empty()) continue;
+        std::sort(start.begin(), start.end()); std::sort(release.begin(), release.end()); std::sort(exit_.begin(), exit_.end());
+        const double last_exit = exit_.back(), ideal = g.bytes*1e-3/ceil_gbs, body = last_exit - release.front();
+        auto it = std::find_if(by_shape.begin(), by_shape.end(), [&](const auto & c) { return c.first == std::make_pair(g.k, g.n); });
+        if (it == by_shape.end()) { by_shape.push_back({{g.k, g.n}, {}}); it = by_shape.end() - 1; }
+        cls & c = it->second;
+        ++c.launches; c.ideal += ideal; c.body += body; c.tail += last_exit - exit_[exit_.size()/2];
+        sum_ideal += ideal; sum_body += body;
+        if (i == 0) {
+            first_start = start.front();
+        } else {
+            c.wait += release.front() - prev_exit; c.early += prev_exit - start.front();
+            sum_wait += release.front() - prev_exit;
+        }
+        prev_exit = last_exit;
+    }
+    printf("timeline (global timer step %llu ns; replay with stamps %.1f us, without %.1f; %d tiles unstamped):\n"
+           "| k x n | launches | ideal us | body us | of read | wait us | early us | tail us |\n|---|---|---|---|---|---|---|---|\n",
+           step, us_stamped, us_timed, missing);
+    for (const auto & [shape, c] : by_shape) {
+        const double n = c.launches;
+        printf("| %d x %d | %d | %.2f | %.2f | %.0f%% | %.2f | %.2f | %.2f |\n", shape.first, shape.second, c.launches,
+               c.ideal/n, c.body/n, 100.0*c.ideal/c.body, c.wait/n, c.early/n, c.tail/n);
+    }
+    printf("token: first start to last exit %.1f us = bodies %.1f (ideal %.1f) + waits %.1f\n",
+           prev_exit - first_start, sum_body, sum_ideal, sum_wait);
+}
+#endif // GEMV_TIMELINE
+
 // The GEMVs of one decode token of a Qwen3.5 shape (pyqwen synth's 9B or 27B), each after its activation
 // quantization, all in one CUDA graph, every weight in its own part of one arena (4.7 GB for the 9B,
 // far beyond the L2). The bytes are not a real layout: the kernels' time does not depend on them. What a
@@ -488,7 +564,7 @@ static void run_token(int type, const token_shape & sh, double ceil_gbs, cudaStr
            sh.name, type_name(type), pdl && atoi(pdl) == 0 ? "off" : "on",
            !quant ? ", no quantization" : prologues ? ", the model's prologues and residuals" : "");
     for (int m : {1, 8}) {
-        const double us = time_graph(st, 1, [&](int) {
+        const auto issue = [&](int) {
             for (size_t i = 0; i < seq.size(); ++i) {
                 const gemv & g = seq[i];
                 gemv_il_prologue_args args;
@@ -510,8 +586,20 @@ static void run_token(int type, const token_shape & sh, double ceil_gbs, cudaStr
                 launch_gemv(g.type, gemv_il_stages(g.type), w.as<uint8_t>() + g.at, xq.as<uint8_t>(), xs.as<float>(), y.as<float>(),
                             g.n, g.k, m, nwarps[i], st, ep);
             }
-        });
+        };
+        const double us = time_graph(st, 1, issue);
         printf("| | %d | %.1f | %zu | %.2f | %.2f | %.0f |\n", m, us, seq.size(), bytes*1e-9, bytes*1e-6/us, 100.0*bytes*1e-3/us/ceil_gbs);
+#ifdef GEMV_TIMELINE
+        const char * timeline_env = getenv("GEMV_TOKEN_TIMELINE");
+        if (timeline_env && atoi(timeline_env) != 0) {
+            std::vector<tl_gemv> gs;
+            for (const gemv & g : seq) {
+                gs.push_back({g.at, (size_t) gemv_il_tile_bytes(g.type, g.k), (g.n + GEMV_IL_TILE_ROWS - 1)/GEMV_IL_TILE_ROWS, g.k, g.n,
+                              (double) g.n*gemv_il_row_bytes(g.type, g.k)});
+            }
+            token_timeline(gs, w.as<uint8_t>(), bytes, ceil_gbs, us, st, issue);
+        }
+#endif // GEMV_TIMELINE
     }
     if (type == GEMV_IL_W4A8) { // a prefill's expansion of the layer weights to Q8_0, each into one slab
         size_t slab = 0;

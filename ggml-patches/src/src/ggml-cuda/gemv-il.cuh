@@ -31,6 +31,11 @@
 
 #include <type_traits>
 
+// A CTA's times for bench/gemv/gemv_bench.cu's token timeline (gemv_timeline.cuh defines it there); nothing here.
+#ifndef GEMV_IL_MARK
+#define GEMV_IL_MARK(tile, event)
+#endif
+
 #define GEMV_IL_MAX_WARPS 16 // K split per CTA
 
 // Weights are streamed once: keep them out of L1 and ask L2 for whole 256-byte sectors groups.
@@ -333,6 +338,7 @@ gemv_il_mul_mat(const uint8_t * w, const int8_t * const * luts, const uint8_t * 
     const float * xsum = xs + gemv_il_xs_count(k);
     // full tiles and the partial last tile's ggml rows both start here
     const uint8_t * tile = w + (int64_t) blockIdx.x*gemv_il_tile_bytes(type, k);
+    GEMV_IL_MARK(tile, 0);
 
     const auto load = [&](gemv_il_chunk<type> & r, const int c) {
         if (c >= nchunks) {
@@ -366,6 +372,7 @@ gemv_il_mul_mat(const uint8_t * w, const int8_t * const * luts, const uint8_t * 
         load(r[s], warp + s*nwarps);
     }
     ggml_cuda_pdl_sync();
+    GEMV_IL_MARK(tile, 1);
 
     float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     for (int c0 = warp; c0 < nchunks; c0 += S*nwarps) {
@@ -379,6 +386,7 @@ gemv_il_mul_mat(const uint8_t * w, const int8_t * const * luts, const uint8_t * 
             load(r[s], c + S*nwarps);
         }
     }
+    GEMV_IL_MARK(tile, 2);
     ggml_cuda_pdl_lc();
 
     __shared__ float partial[GEMV_IL_MAX_WARPS][WARP_SIZE*4];
@@ -430,6 +438,7 @@ gemv_il_mul_mat(const uint8_t * w, const int8_t * const * luts, const uint8_t * 
             atomicMax(&ep.argmax[threadIdx.x], best[threadIdx.x]);
         }
     }
+    GEMV_IL_MARK(tile, 3);
 }
 
 // What the activation quantization computes from its input rows x before rounding, so that the
