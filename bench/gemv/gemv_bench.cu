@@ -444,13 +444,14 @@ static const token_shape token_shapes[] = {
 
 #ifdef GEMV_TIMELINE
 // One GEMV of the timeline: its tiles' slots and what it reads.
-struct tl_gemv { size_t at, tile_bytes; int ntiles, k, n; double bytes; };
+struct tl_gemv { size_t at, tile_bytes; int ntiles, k, n, nwarps; double bytes; };
 
 // Replays the token's graph once more with every GEMV CTA stamping its times, then sums them by GEMV shape:
 // wait = from the previous GEMV's last CTA's exit to this one's first CTA past its PDL wait (the quantization
 // kernel between them and both completions), early = how long before that exit its first CTA was resident,
 // body = from that release to its last CTA's exit against the bytes at the read ceiling, tail = its last exit
-// after the median one. The stamps' own cost shows as the replay's time against the timed one.
+// after the median one; waves = tiles over the most CTAs alive at once, CTA life = the median CTA's time past
+// its wait. The stamps' own cost shows as the replay's time against the timed one.
 template <typename F>
 static void token_timeline(const std::vector<tl_gemv> & gs, const uint8_t * arena, size_t arena_bytes, double ceil_gbs,
                            double us_timed, cudaStream_t st, F issue) {
@@ -469,7 +470,7 @@ static void token_timeline(const std::vector<tl_gemv> & gs, const uint8_t * aren
     std::vector<gemv_tl_slot> h(nslots);
     CUDA_CHECK(cudaMemcpy(h.data(), slots.p, nslots*sizeof(gemv_tl_slot), cudaMemcpyDeviceToHost));
 
-    struct cls { int launches = 0; double ideal = 0, body = 0, wait = 0, early = 0, tail = 0; };
+    struct cls { int launches = 0, warps = 0; double ideal = 0, body = 0, wait = 0, early = 0, tail = 0, life = 0, waves = 0; };
     std::vector<std::pair<std::pair<int, int>, cls>> by_shape; // in order of first appearance
     double first_start = 0, prev_exit = 0, sum_ideal = 0, sum_body = 0, sum_wait = 0;
     int missing = 0;
@@ -478,19 +479,26 @@ static void token_timeline(const std::vector<tl_gemv> & gs, const uint8_t * aren
     const auto us_of = [&](unsigned long long t) { return 1e-3*(double) (long long) (t - base); };
     for (size_t i = 0; i < gs.size(); ++i) {
         const tl_gemv & g = gs[i];
-        std::vector<double> start, release, exit_;
+        std::vector<double> start, release, exit_, life;
+        std::vector<std::pair<double, int>> alive; // +1 at a CTA's start, -1 at its exit
         for (int t = 0; t < g.ntiles; ++t) {
             const gemv_tl_slot & sl = h[(g.at + t*g.tile_bytes) >> GEMV_TL_SLOT_SHIFT];
             if (sl.t[0] == 0 || sl.t[1] == 0 || sl.t[3] == 0) { ++missing; continue; }
             start.push_back(us_of(sl.t[0])); release.push_back(us_of(sl.t[1])); exit_.push_back(us_of(sl.t[3]));
+            life.push_back(exit_.back() - std::max(start.back(), release.back())); // past its wait
+            alive.push_back({start.back(), 1}); alive.push_back({exit_.back(), -1});
         }
         if (start.empty()) continue;
+        std::sort(life.begin(), life.end()); std::sort(alive.begin(), alive.end());
+        int now = 0, peak = 0;
+        for (const auto & e : alive) peak = std::max(peak, now += e.second);
         std::sort(start.begin(), start.end()); std::sort(release.begin(), release.end()); std::sort(exit_.begin(), exit_.end());
         const double last_exit = exit_.back(), ideal = g.bytes*1e-3/ceil_gbs, body = last_exit - release.front();
         auto it = std::find_if(by_shape.begin(), by_shape.end(), [&](const auto & c) { return c.first == std::make_pair(g.k, g.n); });
         if (it == by_shape.end()) { by_shape.push_back({{g.k, g.n}, {}}); it = by_shape.end() - 1; }
         cls & c = it->second;
         ++c.launches; c.ideal += ideal; c.body += body; c.tail += last_exit - exit_[exit_.size()/2];
+        c.life += life[life.size()/2]; c.waves += (double) g.ntiles/peak; c.warps = g.nwarps;
         sum_ideal += ideal; sum_body += body;
         if (i == 0) {
             first_start = start.front();
@@ -501,12 +509,13 @@ static void token_timeline(const std::vector<tl_gemv> & gs, const uint8_t * aren
         prev_exit = last_exit;
     }
     printf("timeline (global timer step %llu ns; replay with stamps %.1f us, without %.1f; %d tiles unstamped):\n"
-           "| k x n | launches | ideal us | body us | of read | wait us | early us | tail us |\n|---|---|---|---|---|---|---|---|\n",
+           "| k x n | launches | warps | waves | ideal us | body us | of read | wait us | early us | tail us | CTA life us |\n"
+           "|---|---|---|---|---|---|---|---|---|---|---|\n",
            step, us_stamped, us_timed, missing);
     for (const auto & [shape, c] : by_shape) {
         const double n = c.launches;
-        printf("| %d x %d | %d | %.2f | %.2f | %.0f%% | %.2f | %.2f | %.2f |\n", shape.first, shape.second, c.launches,
-               c.ideal/n, c.body/n, 100.0*c.ideal/c.body, c.wait/n, c.early/n, c.tail/n);
+        printf("| %d x %d | %d | %d | %.2f | %.2f | %.2f | %.0f%% | %.2f | %.2f | %.2f | %.2f |\n", shape.first, shape.second, c.launches,
+               c.warps, c.waves/n, c.ideal/n, c.body/n, 100.0*c.ideal/c.body, c.wait/n, c.early/n, c.tail/n, c.life/n);
     }
     printf("token: first start to last exit %.1f us = bodies %.1f (ideal %.1f) + waits %.1f\n",
            prev_exit - first_start, sum_body, sum_ideal, sum_wait);
@@ -551,8 +560,21 @@ static void run_token(int type, const token_shape & sh, double ceil_gbs, cudaStr
     CUDA_CHECK(cudaMemsetAsync(z.p, 0, (size_t) sh.k_mid*GEMV_IL_MAX_TOKENS*sizeof(float), st));
     CUDA_CHECK(cudaMemsetAsync(norm_w.p, 0, (size_t) kmax*sizeof(float), st));
     CUDA_CHECK(cudaMemsetAsync(sums.p, 0, (size_t) ntiles*GEMV_IL_MAX_TOKENS*sizeof(float), st));
+    // GEMV_TOKEN_NWARPS="KxN=W,...": W warps a CTA for the GEMVs of that shape instead of the picker's (a sweep)
+    const char * nwarps_env = getenv("GEMV_TOKEN_NWARPS");
     std::vector<int> nwarps;
-    for (const gemv & g : seq) nwarps.push_back(pick_nwarps(g.type, g.n, g.k));
+    for (const gemv & g : seq) {
+        int nw = pick_nwarps(g.type, g.n, g.k);
+        for (const char * p = nwarps_env; p != nullptr; p = strchr(p, ',') ? strchr(p, ',') + 1 : nullptr) {
+            int k, n, w;
+            if (sscanf(p, "%dx%d=%d", &k, &n, &w) != 3 || w < 1 || w > GEMV_IL_MAX_WARPS || (w & (w - 1)) != 0) {
+                fprintf(stderr, "GEMV_TOKEN_NWARPS: '%s' is not KxN=W with W a power of two up to %d\n", p, GEMV_IL_MAX_WARPS);
+                exit(2);
+            }
+            if (k == g.k && n == g.n) nw = std::min(w, g.k/GEMV_IL_CHUNK_K);
+        }
+        nwarps.push_back(nw);
+    }
     if (type == GEMV_IL_W4A8) device_w4a8_luts();  // made before the capture, which cannot allocate
     const char * pdl = getenv("GGML_CUDA_PDL");
     // GEMV_TOKEN_QUANT=0: the GEMVs alone, on codes quantized once before the graph: what the 129
@@ -560,9 +582,10 @@ static void run_token(int type, const token_shape & sh, double ceil_gbs, cudaStr
     const char * quant_env = getenv("GEMV_TOKEN_QUANT"), * prologues_env = getenv("GEMV_TOKEN_PROLOGUES");
     const bool quant = !quant_env || atoi(quant_env) != 0, prologues = prologues_env && atoi(prologues_env) != 0;
     launch_quantize(x.as<float>(), stride_x, kmax, GEMV_IL_MAX_TOKENS, xq.as<uint8_t>(), xs.as<float>(), st);
-    printf("\n| %s %s token, PDL %s%s | M | us per token | GEMV launches | GB | TB/s | %% of read |\n|---|---|---|---|---|---|---|\n",
+    printf("\n| %s %s token, PDL %s%s%s%s | M | us per token | GEMV launches | GB | TB/s | %% of read |\n|---|---|---|---|---|---|---|\n",
            sh.name, type_name(type), pdl && atoi(pdl) == 0 ? "off" : "on",
-           !quant ? ", no quantization" : prologues ? ", the model's prologues and residuals" : "");
+           !quant ? ", no quantization" : prologues ? ", the model's prologues and residuals" : "",
+           nwarps_env ? ", warps " : "", nwarps_env ? nwarps_env : "");
     for (int m : {1, 8}) {
         const auto issue = [&](int) {
             for (size_t i = 0; i < seq.size(); ++i) {
@@ -594,8 +617,9 @@ static void run_token(int type, const token_shape & sh, double ceil_gbs, cudaStr
         if (timeline_env && atoi(timeline_env) != 0) {
             std::vector<tl_gemv> gs;
             for (const gemv & g : seq) {
+                const size_t i = gs.size();
                 gs.push_back({g.at, (size_t) gemv_il_tile_bytes(g.type, g.k), (g.n + GEMV_IL_TILE_ROWS - 1)/GEMV_IL_TILE_ROWS, g.k, g.n,
-                              (double) g.n*gemv_il_row_bytes(g.type, g.k)});
+                              nwarps[i], (double) g.n*gemv_il_row_bytes(g.type, g.k)});
             }
             token_timeline(gs, w.as<uint8_t>(), bytes, ceil_gbs, us, st, issue);
         }
