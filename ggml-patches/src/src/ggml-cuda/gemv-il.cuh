@@ -855,8 +855,10 @@ gemv_il_w4a8_to_q8_0(const uint8_t * src, uint8_t * dst, const int8_t * const * 
 // with the fewest waves times round trips, at equal products the fewer waves (a shorter tail). One-wave splits
 // of few warps left slots empty and made their warps walk 4 to 8 chunks: the 9B's qkv, in_proj and gate+up at
 // S = 1 ran at 56-69% of the read ceiling with 4, 4 and 2 warps; 16, 16 and 8 took its Q4_0 token 3.4% faster
-// and tg128 3.2% (bench/RESULTS.md, nineteenth session). Shapes of many waves (the output projection) keep
-// 4 warps: the best split there on the H200 for Q4_0, 2-8% off it for Q4_K (ninth session).
+// and tg128 3.2% (bench/RESULTS.md, nineteenth session). Shapes of many waves (the output projection) take
+// more, shorter CTAs instead: 4 / S warps, 4 chunk loads in flight a CTA. On the H200's 4096 x 248320 that is
+// within 2% of the best split for Q4_0 (4 warps), Q6_K (4) and Q8_0 (2), and for Q4_K (2 warps at S = 2)
+// 88% of the read ceiling where 4 warps gave 84%, W4A8 +1.6% (nineteenth session, the micro-benchmark's sweep).
 // nsm: multiprocessors; ctas_per_sm(nwarps): occupancy.
 template <typename F>
 static int gemv_il_pick_nwarps(const int64_t n, const int64_t k, const int S, const int nsm, F ctas_per_sm) {
@@ -867,7 +869,7 @@ static int gemv_il_pick_nwarps(const int64_t n, const int64_t k, const int S, co
         return (ntiles + slots - 1) / slots;
     };
     if (nchunks >= 4 && waves(4) >= 8) {
-        return 4;
+        return std::max(1, 4 / S);
     }
     if (nchunks < 2) {
         return 1;
