@@ -1,8 +1,9 @@
 // The token timeline of gemv_bench (built with -DGEMV_TIMELINE, run with GEMV_TOKEN_TIMELINE=1): thread 0 of every
 // GEMV CTA stamps the global timer when it starts, when the kernel before it has finished (past
 // ggml_cuda_pdl_sync), when its warp's main loop ends and when it exits. A slot per tile, found from the tile's
-// address in the token's one weight arena (every tile is larger than GEMV_TL_SLOT bytes), so no atomics and no
-// change to the kernel's arguments. Included before gemv-il.cuh, whose GEMV_IL_MARK hooks it fills.
+// address in the token's one weight arena (every tile spans more than a slot of 1 << GEMV_TL_SLOT_SHIFT bytes),
+// so no atomics and no change to the kernel's arguments. Included before gemv-il.cuh, whose GEMV_IL_MARK hooks
+// it fills.
 #pragma once
 
 #include <cstdint>
@@ -11,7 +12,8 @@
 
 struct gemv_tl_slot { unsigned long long t[4]; };
 
-__constant__ gemv_tl_slot * gemv_tl_slots = nullptr; // null: no stamps (the timed runs); constant: a cached read, not an L2 trip before the first loads
+// null: no stamps (the timed runs); in constant memory: a cached read, not an L2 trip before the first loads
+__constant__ gemv_tl_slot * gemv_tl_slots = nullptr;
 __constant__ const uint8_t * gemv_tl_base = nullptr;
 
 static __device__ __forceinline__ unsigned long long gemv_tl_now() {
