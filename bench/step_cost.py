@@ -4,8 +4,10 @@
 
 After a prompt of --depth tokens, runs --steps passes of M rows for each M (each pass appends its
 rows; the context is reset before each M), after two untimed passes (graph build, CUDA graph
-capture), and prints the median wall time per pass and its ratio to M = 1. A pass returns the
-logits of its last row, as a verify step reads them, so every M pays the same readback.
+capture), and prints the median wall time per pass, the spread of its middle half (interquartile
+range), and its ratio to M = 1. A pass returns the logits of its last row, as a verify step reads
+them, so every M pays the same readback. The passes of one M run back to back, so drift between
+them moves the ratio: compare ratios only when their spreads are small against their difference.
 """
 from __future__ import annotations
 
@@ -27,6 +29,8 @@ def main() -> int:
     ap.add_argument("--depth", type=int, default=512, help="tokens in the context before the timed passes")
     a = ap.parse_args()
     rows = [int(r) for r in a.rows.split(",")]
+    if a.steps < 2 or min(rows) < 1:
+        ap.error("--steps must be at least 2 (the spread needs two passes) and every --rows value at least 1")
 
     model = NativeModel(a.model, n_gpu_layers=a.n_gpu_layers, n_threads=None, verbose=False)
     n_vocab = model.info.n_vocab
@@ -45,15 +49,17 @@ def main() -> int:
                 ctx.eval(tokens, logits="last")
                 if step >= 2:
                     times.append(time.perf_counter() - t0)
-            per_pass[m] = statistics.median(times)
+            q1, _, q3 = statistics.quantiles(times, n=4)
+            per_pass[m] = (statistics.median(times), q3 - q1)
     finally:
         ctx.close()
         model.close()
 
-    print(f"| rows | ms per pass | vs 1 row |  (depth {a.depth}, median of {a.steps} passes)")
-    print("|---:|---:|---:|")
+    print(f"| rows | ms per pass | IQR ms | vs 1 row |  (depth {a.depth}, median of {a.steps} passes)")
+    print("|---:|---:|---:|---:|")
     for m in rows:
-        print(f"| {m} | {1e3 * per_pass[m]:.3f} | {per_pass[m] / per_pass[rows[0]]:.2f}x |")
+        med, iqr = per_pass[m]
+        print(f"| {m} | {1e3 * med:.3f} | {1e3 * iqr:.3f} | {med / per_pass[rows[0]][0]:.2f}x |")
     return 0
 
 
