@@ -560,20 +560,27 @@ static void run_token(int type, const token_shape & sh, double ceil_gbs, cudaStr
     CUDA_CHECK(cudaMemsetAsync(z.p, 0, (size_t) sh.k_mid*GEMV_IL_MAX_TOKENS*sizeof(float), st));
     CUDA_CHECK(cudaMemsetAsync(norm_w.p, 0, (size_t) kmax*sizeof(float), st));
     CUDA_CHECK(cudaMemsetAsync(sums.p, 0, (size_t) ntiles*GEMV_IL_MAX_TOKENS*sizeof(float), st));
-    // GEMV_TOKEN_NWARPS="KxN=W,...": W warps a CTA for the GEMVs of that shape instead of the picker's (a sweep)
+    // GEMV_TOKEN_NWARPS="KxN=W[/S],...": W warps a CTA (and S register stages) for the GEMVs of that shape instead
+    // of pyqwen's choice (a sweep)
     const char * nwarps_env = getenv("GEMV_TOKEN_NWARPS");
-    std::vector<int> nwarps;
+    std::vector<int> nwarps, stages;
     for (const gemv & g : seq) {
-        int nw = pick_nwarps(g.type, g.n, g.k);
+        int nw = pick_nwarps(g.type, g.n, g.k), u = gemv_il_stages(g.type);
         for (const char * p = nwarps_env; p != nullptr; p = strchr(p, ',') ? strchr(p, ',') + 1 : nullptr) {
-            int k, n, w;
-            if (sscanf(p, "%dx%d=%d", &k, &n, &w) != 3 || w < 1 || w > GEMV_IL_MAX_WARPS || (w & (w - 1)) != 0) {
-                fprintf(stderr, "GEMV_TOKEN_NWARPS: '%s' is not KxN=W with W a power of two up to %d\n", p, GEMV_IL_MAX_WARPS);
+            int k, n, w, su = 0;
+            const int got = sscanf(p, "%dx%d=%d/%d", &k, &n, &w, &su);
+            if (got < 3 || w < 1 || w > GEMV_IL_MAX_WARPS || (w & (w - 1)) != 0 || (got == 4 && (su < 1 || su > 4))) {
+                fprintf(stderr, "GEMV_TOKEN_NWARPS: '%s' is not KxN=W or KxN=W/S with W a power of two up to %d and S from 1 to 4\n",
+                        p, GEMV_IL_MAX_WARPS);
                 exit(2);
             }
-            if (k == g.k && n == g.n) nw = std::min(w, g.k/GEMV_IL_CHUNK_K);
+            if (k == g.k && n == g.n) {
+                nw = std::min(w, g.k/GEMV_IL_CHUNK_K);
+                if (got == 4) u = su;
+            }
         }
         nwarps.push_back(nw);
+        stages.push_back(u);
     }
     if (type == GEMV_IL_W4A8) device_w4a8_luts();  // made before the capture, which cannot allocate
     const char * pdl = getenv("GGML_CUDA_PDL");
@@ -606,7 +613,7 @@ static void run_token(int type, const token_shape & sh, double ceil_gbs, cudaStr
                 if (quant) {
                     launch_quantize(x.as<float>(), stride_x, g.k, m, xq.as<uint8_t>(), xs.as<float>(), st, prologue, args);
                 }
-                launch_gemv(g.type, gemv_il_stages(g.type), w.as<uint8_t>() + g.at, xq.as<uint8_t>(), xs.as<float>(), y.as<float>(),
+                launch_gemv(g.type, stages[i], w.as<uint8_t>() + g.at, xq.as<uint8_t>(), xs.as<float>(), y.as<float>(),
                             g.n, g.k, m, nwarps[i], st, ep);
             }
         };
