@@ -73,7 +73,7 @@ def start_upstream_build(logdir: Path):
     stamp = WORK / "upstream.sha256"
     digest = hashlib.sha256(CARRY.read_bytes()).hexdigest()
     binary = WORK / "build" / "bin" / "llama-bench"
-    if binary.is_file() and stamp.is_file() and stamp.read_text() == digest:
+    if binary.is_file() and stamp.is_file() and stamp.read_text().strip() == digest:  # echo wrote a newline
         log("upstream llama-bench: reusing the earlier build")
         return None, binary
     WORK.mkdir(parents=True, exist_ok=True)
