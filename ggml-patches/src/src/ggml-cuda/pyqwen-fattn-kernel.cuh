@@ -299,10 +299,7 @@ pyqwen_fattn_decode(const pfa_args a) {
                     x[e] = r < R && sq0 + e < nb ? s[e] + mv[k][e] : -INFINITY;
                     m = fmaxf(m, x[e]);
                 }
-#pragma unroll
-                for (int o = 1; o < PFA_ROW_THREADS; o <<= 1) {
-                    m = fmaxf(m, __shfl_xor_sync(0xFFFFFFFF, m, o, WARP_SIZE));
-                }
+                m = warp_reduce_max<PFA_ROW_THREADS>(m);
                 const float m_old = row_max[r];
                 m = fmaxf(m, m_old);
                 float l = 0.0f;
@@ -315,6 +312,8 @@ pyqwen_fattn_decode(const pfa_args a) {
                     w[e/2] = *(const unsigned *) &wh;
                 }
                 *(uint4 *) (ph + r*PS + sq0) = make_uint4(w[0], w[1], w[2], w[3]);
+                // not warp_reduce_sum<PFA_ROW_THREADS>: it adds the row's four partial sums in another order, and
+                // the kernel's bits were checked and timed with this one
 #pragma unroll
                 for (int o = 1; o < PFA_ROW_THREADS; o <<= 1) {
                     l += __shfl_xor_sync(0xFFFFFFFF, l, o, WARP_SIZE);
