@@ -350,7 +350,7 @@ static void run_shape(int type, const shape & sh, uint64_t seed, cudaStream_t st
 
         // every variant and K split at m = 1 and 8, the default one at every m
         for (int u : gemv_stages) {
-            for (int nw = 1; nw <= GEMV_IL_MAX_WARPS; nw *= 2) {
+            for (int nw = 1; nw <= GEMV_IL_MAX_WARPS; ++nw) {
                 const bool deflt = u == gemv_il_stages(type) && nw == nw_auto;
                 if (!deflt && m != 1 && m != GEMV_IL_MAX_TOKENS) continue;
                 CUDA_CHECK(cudaMemsetAsync(d_y.p, 0xFF, y.size()*4, st));
@@ -569,8 +569,8 @@ static void run_token(int type, const token_shape & sh, double ceil_gbs, cudaStr
         for (const char * p = nwarps_env; p != nullptr; p = strchr(p, ',') ? strchr(p, ',') + 1 : nullptr) {
             int k, n, w, su = 0;
             const int got = sscanf(p, "%dx%d=%d/%d", &k, &n, &w, &su);
-            if (got < 3 || w < 1 || w > GEMV_IL_MAX_WARPS || (w & (w - 1)) != 0 || (got == 4 && (su < 1 || su > 4))) {
-                fprintf(stderr, "GEMV_TOKEN_NWARPS: '%s' is not KxN=W or KxN=W/S with W a power of two up to %d and S from 1 to 4\n",
+            if (got < 3 || w < 1 || w > GEMV_IL_MAX_WARPS || (got == 4 && (su < 1 || su > 4))) {
+                fprintf(stderr, "GEMV_TOKEN_NWARPS: '%s' is not KxN=W or KxN=W/S with W from 1 to %d and S from 1 to 4\n",
                         p, GEMV_IL_MAX_WARPS);
                 exit(2);
             }

@@ -876,7 +876,7 @@ static int gemv_il_pick_nwarps(const int64_t n, const int64_t k, const int S, co
     }
     int best = 2;
     int64_t best_cost = INT64_MAX, best_waves = INT64_MAX;
-    for (int nw = GEMV_IL_MAX_WARPS; nw >= 2; nw /= 2) { // as before: one warp a CTA was never picked
+    for (int nw = GEMV_IL_MAX_WARPS; nw >= 2; --nw) { // one warp a CTA was never the best split
         if (nw > nchunks) {
             continue;
         }
