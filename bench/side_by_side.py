@@ -4,7 +4,7 @@
   side_by_side.py pack                    (here) upstream llama.cpp from the pinned sdist, unpatched,
                                           trimmed to what llama-bench needs -> .devcarry/upstream.tar.xz
   side_by_side.py build --out D           (on the GPU machine) build both, in parallel, under /tmp
-                                          (an earlier upstream build from the same tarball is reused)
+                                          (earlier builds of the same sources on this machine are reused)
   side_by_side.py run --commit C --out D  (on the GPU machine) build, write the synthetic models,
                                           run both benches, write D/side_by_side.jsonl and logs
   side_by_side.py record D                (here) append D's rows to bench/results.jsonl and
@@ -24,6 +24,7 @@ import hashlib
 import json
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 import threading
@@ -92,11 +93,30 @@ def start_upstream_build(logdir: Path):
     return sh(cmd, logdir / "upstream-build.log", background=True), binary
 
 
+def source_digest() -> str:
+    """What pyqwen's build reads: its sources, the build files and the patched ggml tree's patch set."""
+    h = hashlib.sha256()
+    files = [ROOT / "CMakeLists.txt", ROOT / "pyproject.toml", ROOT / "vendor" / "ggml" / ".pyqwen-patchset"]
+    for top in ("pyqwen", "ggml-patches"):
+        files += sorted(p for p in (ROOT / top).rglob("*") if p.is_file() and "__pycache__" not in p.parts)
+    for f in files:
+        h.update(str(f.relative_to(ROOT)).encode() + b"\0" + f.read_bytes())
+    return h.hexdigest()
+
+
 def build_pyqwen(logdir: Path) -> None:
+    """Installs pyqwen with CUDA unless this machine installed the same sources before (a warm machine's
+    next call: the copied tree's new timestamps would otherwise rebuild every file)."""
+    stamp, digest = WORK / "pyqwen.sha256", source_digest()
+    if stamp.is_file() and stamp.read_text() == digest and shutil.which("pyqwen-bench"):
+        log("pyqwen: reusing the earlier build")
+        return
     log("pyqwen: building with CUDA")
     sh([sys.executable, "-m", "pip", "install", "-q", "--no-build-isolation", "--no-deps", str(ROOT),
         "-C", "cmake.define.PYQWEN_CUDA=ON", "-C", f"build-dir={WORK}/pyqwen-build"],
        logdir / "pyqwen-build.log", env={"PYQWEN_CUDA_ARCHS": CUDA_ARCH, "CMAKE_BUILD_PARALLEL_LEVEL": str(os.cpu_count())})
+    WORK.mkdir(parents=True, exist_ok=True)
+    stamp.write_text(digest)
 
 
 class GpuMemory:
