@@ -860,7 +860,7 @@ gemv_il_w4a8_to_q8_0(const uint8_t * src, uint8_t * dst, const int8_t * const * 
 // within 2% of the best split for Q4_0 (4 warps), Q6_K (4) and Q8_0 (2), and for Q4_K (2 warps at S = 2)
 // 88% of the read ceiling where 4 warps gave 84%, W4A8 +1.6% (nineteenth session, the micro-benchmark's sweep).
 // Every count from 2 to 16 is a candidate: the 27B's ffn_down fits 3 CTAs of 10 warps an SM where 8 warps took
-// 9 round trips in one wave and 16 two waves of 5; its Q4_0 token's GEMVs -4.8%, the 9B's -0.4% (twentieth session).
+// 9 round trips in one wave and 16 two waves of 5; its Q4_0 token's GEMVs -4.8%, the 9B's -0.3% (twentieth session).
 // nsm: multiprocessors; ctas_per_sm(nwarps): occupancy.
 template <typename F>
 static int gemv_il_pick_nwarps(const int64_t n, const int64_t k, const int S, const int nsm, F ctas_per_sm) {
