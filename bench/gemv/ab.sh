@@ -56,7 +56,7 @@ run() {
         for _ in 1 2; do
             for b in "${bins[@]}"; do
                 # shellcheck disable=SC2086
-                "$b" --token $spec > "$log" 2>&1
+                "$b" --token $spec > "$log" 2>&1 || echo "$(basename "$b") --token $spec failed: $(tail -n 1 "$log")" >&2
                 m1[$b]+="${m1[$b]:+, }$(awk -F'|' '/^\| \| 1 \|/ {gsub(/ /, "", $4); printf "%s", $4}' "$log")"
                 m8[$b]+="${m8[$b]:+, }$(awk -F'|' '/^\| \| 8 \|/ {gsub(/ /, "", $4); printf "%s", $4}' "$log")"
             done
