@@ -132,9 +132,18 @@ static void launch_w4a8_to_q8_0(const uint8_t * w, uint8_t * q8, int k, int n, c
     CUDA_CHECK(cudaGetLastError());
 }
 
+// CTAs of one kernel variant and split resident on an SM at once
+static int ctas_per_sm(int type, int u, int nwarps) {
+    int c = 0;
+    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&c, gemv_kernel(type, u), nwarps*WARP_SIZE, 0));
+    return c;
+}
+
+// ctas: the grid, pyqwen's (gemv_il_grid) unless given (a type of tile loops only)
 static void launch_gemv(int type, int u, const uint8_t * w, const uint8_t * xq, const float * xs, float * y, int n, int k, int m, int nwarps,
-                        cudaStream_t st, const gemv_il_epilogue & ep = {}) {
-    const ggml_cuda_kernel_launch_params p(dim3((n + 15)/16), dim3(nwarps*WARP_SIZE), 0, st);
+                        cudaStream_t st, const gemv_il_epilogue & ep = {}, int ctas = 0) {
+    const int grid = ctas > 0 ? ctas : gemv_il_grid(type, n, (int64_t) ctas_per_sm(type, u, nwarps)*g_prop.multiProcessorCount);
+    const ggml_cuda_kernel_launch_params p(dim3(grid), dim3(nwarps*WARP_SIZE), 0, st);
     const int8_t * const * luts = type == GEMV_IL_W4A8 ? device_w4a8_luts() : nullptr;
     ggml_cuda_kernel_launch(gemv_kernel(type, u), p, w, luts, xq, xs, y, n, k, m, (int64_t) n, ep);
 }
@@ -143,11 +152,8 @@ static void launch_gemv(int type, int u, const uint8_t * w, const uint8_t * xq, 
 static bool upstream_has(int type) { return type != GEMV_IL_W4A8; }
 
 static int pick_nwarps(int type, int64_t n, int64_t k) {
-    return gemv_il_pick_nwarps(n, k, gemv_il_stages(type), g_prop.multiProcessorCount, [type](int nw) {
-        int c = 0;
-        CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&c, gemv_kernel(type, gemv_il_stages(type)), nw*WARP_SIZE, 0));
-        return c;
-    });
+    return gemv_il_pick_nwarps(n, k, gemv_il_stages(type), g_prop.multiProcessorCount,
+                               [type](int nw) { return ctas_per_sm(type, gemv_il_stages(type), nw); });
 }
 
 #ifdef GEMV_BENCH_UPSTREAM
@@ -366,6 +372,48 @@ static void run_shape(int type, const shape & sh, uint64_t seed, cudaStream_t st
                     ++g_passed;
                 }
             }
+        }
+        // a type of tile loops: the default split in grids of 1 and 3 CTAs that loop over every tile; and its
+        // epilogue's argmax keys and sums of squares by tile there, from the outputs just checked (the same bits)
+        if (gemv_il_persistent(type) && (m == 1 || m == GEMV_IL_MAX_TOKENS)) {
+            const int u = gemv_il_stages(type), ntiles_all = (n + GEMV_IL_TILE_ROWS - 1)/GEMV_IL_TILE_ROWS;
+            std::vector<float> y_one(y.size());
+            for (int ctas : {1, 3}) {
+                CUDA_CHECK(cudaMemsetAsync(d_y.p, 0xFF, y.size()*4, st));
+                launch_gemv(type, u, d_il.as<uint8_t>(), d_xq.as<uint8_t>(), d_xs.as<float>(), d_y.as<float>(), n, k, m, nw_auto, st, {}, ctas);
+                CUDA_CHECK(cudaMemcpyAsync(y_one.data(), d_y.p, y.size()*4, cudaMemcpyDeviceToHost, st));
+                CUDA_CHECK(cudaStreamSynchronize(st));
+                const ref_check c = ref_compare(ref, n, m, y_one.data(), poison);
+                report(c.ok, "%s k=%d n=%d m=%d S=%d nwarps=%d, %d CTA(s) looping over the tiles: rel err %.2e vs same-quantized float64, %lld bad",
+                       tn, k, n, m, u, nw_auto, ctas, c.err_q, (long long) c.bad);
+            }
+            dev_buf d_keys(GEMV_IL_MAX_TOKENS*sizeof(unsigned long long)), d_sums((size_t) GEMV_IL_MAX_TOKENS*ntiles_all*4);
+            CUDA_CHECK(cudaMemsetAsync(d_keys.p, 0, GEMV_IL_MAX_TOKENS*sizeof(unsigned long long), st));
+            CUDA_CHECK(cudaMemsetAsync(d_sums.p, 0xFF, (size_t) GEMV_IL_MAX_TOKENS*ntiles_all*4, st));
+            gemv_il_epilogue am, sq;
+            am.argmax = d_keys.as<unsigned long long>();
+            sq.sums = d_sums.as<float>();
+            launch_gemv(type, u, d_il.as<uint8_t>(), d_xq.as<uint8_t>(), d_xs.as<float>(), d_y.as<float>(), n, k, m, nw_auto, st, am, 3);
+            CUDA_CHECK(cudaMemsetAsync(d_y.p, 0xFF, y.size()*4, st));
+            launch_gemv(type, u, d_il.as<uint8_t>(), d_xq.as<uint8_t>(), d_xs.as<float>(), d_y.as<float>(), n, k, m, nw_auto, st, sq, 3);
+            std::vector<unsigned long long> keys(GEMV_IL_MAX_TOKENS);
+            std::vector<float> sums((size_t) GEMV_IL_MAX_TOKENS*ntiles_all);
+            CUDA_CHECK(cudaMemcpyAsync(keys.data(), d_keys.p, keys.size()*8, cudaMemcpyDeviceToHost, st));
+            CUDA_CHECK(cudaMemcpyAsync(sums.data(), d_sums.p, sums.size()*4, cudaMemcpyDeviceToHost, st));
+            CUDA_CHECK(cudaStreamSynchronize(st));
+            bool same = true;
+            for (int t = 0; t < m; ++t) {
+                const float * yt = y_one.data() + (size_t) t*n;
+                same = same && (int) (0xFFFFFFFFu - (uint32_t) keys[t]) == (int) (std::max_element(yt, yt + n) - yt);
+                for (int tile = 0; tile < ntiles_all; ++tile) {
+                    float ss = 0.0f;
+                    for (int row = tile*GEMV_IL_TILE_ROWS; row < std::min(n, (tile + 1)*GEMV_IL_TILE_ROWS); ++row) {
+                        ss += yt[row]*yt[row];
+                    }
+                    same = same && memcmp(&ss, &sums[(size_t) t*ntiles_all + tile], 4) == 0;
+                }
+            }
+            report(same, "%s k=%d n=%d m=%d, 3 CTAs: the argmax epilogue's rows and the sums of squares by tile match the outputs", tn, k, n, m);
         }
 #ifdef GEMV_BENCH_UPSTREAM
         if (upstream_has(type)) {

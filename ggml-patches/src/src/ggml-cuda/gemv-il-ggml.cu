@@ -163,6 +163,7 @@ static void gemv_il_launch(ggml_backend_cuda_context & ctx, const ggml_tensor * 
     const int type = gemv_il_type(src0->type);
     const int64_t k = src0->ne[0], n = src0->ne[1];
     const int nwarps = gemv_il_nwarps(ctx.device, type, n, k);
+    const int grid = gemv_il_grid(type, n, (int64_t) gemv_il_ctas_per_sm(ctx.device, type, nwarps)*ggml_cuda_info().devices[ctx.device].nsm);
     const int8_t * const * luts = type == GEMV_IL_W4A8 ? gemv_il_w4a8_luts(ctx.device) : nullptr;
     ggml_cuda_pool_alloc<uint8_t> xq(ctx.pool(), gemv_il_xq_bytes(k));
     ggml_cuda_pool_alloc<float>   xs(ctx.pool(), 2*gemv_il_xs_count(k));
@@ -185,7 +186,7 @@ static void gemv_il_launch(ggml_backend_cuda_context & ctx, const ggml_tensor * 
             ggml_cuda_kernel_launch_params(dim3(k/32), dim3(GEMV_IL_MAX_TOKENS*WARP_SIZE), 0, ctx.stream()),
             x + m0*stride_x, stride_x, mm, xq.get(), xs.get(), p);
         ggml_cuda_kernel_launch(gemv_il_kernel(type),
-            ggml_cuda_kernel_launch_params(dim3((n + GEMV_IL_TILE_ROWS - 1)/GEMV_IL_TILE_ROWS), dim3(nwarps*WARP_SIZE), 0, ctx.stream()),
+            ggml_cuda_kernel_launch_params(dim3(grid), dim3(nwarps*WARP_SIZE), 0, ctx.stream()),
             (const uint8_t *) src0->data, luts, (const uint8_t *) xq.get(), (const float *) xs.get(),
             (float *) dst->data + m0*stride_dst, (int) n, (int) k, mm, stride_dst, ep);
     }

@@ -296,7 +296,7 @@ struct gemv_il_epilogue {
     int64_t              stride_res = 0;
     unsigned long long * argmax     = nullptr; // instead of storing: atomicMax of gemv_il_argmax_key per token
     float              * sums       = nullptr; // also: each token's sum of squares of the tile's stored outputs
-                                               // at sums[tok*gridDim.x + tile], for the RMS norm that reads them next
+                                               // at sums[tok*ntiles + tile], for the RMS norm that reads them next
 };
 
 // Orders (value, row) as ggml's ARGMAX picks: the larger value, then the lower row; NaN never wins over
@@ -320,15 +320,110 @@ GEMV_IL_HD constexpr int gemv_il_stages(int type) {
     return type == GEMV_IL_Q4_K || type == GEMV_IL_Q8_0 || type == GEMV_IL_W4A8 ? 2 : 1;
 }
 
-// grid (ceil(n/16)), block (32 * nwarps, nwarps <= GEMV_IL_MAX_WARPS); dst[tok*stride_dst + row], with
-// the epilogue's residual added, or only its argmax keys. luts: W4A8's level tables by codebook id (else unused).
-// S: register stages per warp. With S = 1 a warp loads its next chunk after using the current one;
-// with S = 2 the next load is in flight while it computes (twice the registers for the weights).
-// gemv_il_stages picks S per type.
+// W4A8: the level tables of rows g and g+8, by the ids in the tile's first chunk's meta (a partial tile's rows:
+// in their first block; missing rows take row 0's). The loader gives every block a registered id; a
+// foreign one indexes the table modulo its size, whose unused entries hold the uniform codebook.
+template <int type>
+static __device__ __forceinline__ void gemv_il_tile_levels(const int8_t * levels[2], const int8_t * const * luts, const uint8_t * tile,
+                                                           const int nrows, const int k, const int lane) {
+    if constexpr (type == GEMV_IL_W4A8) {
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+            const int row = lane/4 + 8*i;
+            const uint8_t * id = nrows == GEMV_IL_TILE_ROWS ? tile + gemv_il_w4a8_il_offset(row, GEMV_IL_W4A8_CB)
+                                                            : tile + (row < nrows ? row : 0)*gemv_il_row_bytes(type, k) + GEMV_IL_W4A8_CB;
+            levels[i] = luts[*(const uint32_t *) id & (GEMV_IL_W4A8_CODEBOOKS - 1)];
+        }
+    }
+}
+
+// A CTA's shared memory for its tiles' outputs.
+struct gemv_il_tile_smem {
+    float              partial[GEMV_IL_MAX_WARPS][WARP_SIZE*4];
+    unsigned long long best[GEMV_IL_MAX_TOKENS];                     // the argmax keys of the CTA's tiles
+    float              squares[GEMV_IL_TILE_ROWS][GEMV_IL_MAX_TOKENS];
+};
+
+// The argmax keys of a CTA's tiles gather in sm.best, zeroed before its first tile's keys (by gemv_il_tile_store
+// for a CTA of one tile, after its partial sums are written, as that kernel always did), then go to ep.argmax once.
+static __device__ __forceinline__ void gemv_il_argmax_init(gemv_il_tile_smem & sm, const gemv_il_epilogue & ep) {
+    if (ep.argmax && threadIdx.x < GEMV_IL_MAX_TOKENS) {
+        sm.best[threadIdx.x] = 0;
+    }
+}
+
+static __device__ __forceinline__ void gemv_il_argmax_flush(const gemv_il_tile_smem & sm, const int m, const gemv_il_epilogue & ep) {
+    if (ep.argmax) { // uniform over the CTA
+        __syncthreads();
+        if ((int) threadIdx.x < m) {
+            atomicMax(&ep.argmax[threadIdx.x], sm.best[threadIdx.x]);
+        }
+    }
+}
+
+// Tile `tile` of `ntiles` (rows row0.., nrows of them) from its warps' accumulators: stored with the epilogue's
+// residual, or its argmax keys kept in sm.best (zeroed first with zero_best), and its sums of squares. Ends with
+// sm.partial and sm.squares still being read.
+template <int type, bool zero_best>
+static __device__ __forceinline__ void gemv_il_tile_store(gemv_il_tile_smem & sm, const float acc[4], const int tile,
+                                                          const int ntiles, const int row0, const int nrows, const int m,
+                                                          float * dst, const int64_t stride_dst, const gemv_il_epilogue & ep) {
+    const int lane = threadIdx.x % WARP_SIZE, warp = threadIdx.x / WARP_SIZE, nwarps = blockDim.x / WARP_SIZE;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        sm.partial[warp][lane*4 + i] = acc[i];
+    }
+    if (zero_best) {
+        gemv_il_argmax_init(sm, ep);
+    }
+    __syncthreads();
+    // 128 outputs (16 rows x 8 tokens); a CTA of fewer than 4 warps writes several per thread
+    for (int e = threadIdx.x; e < WARP_SIZE*4; e += blockDim.x) {
+        float sum = 0.0f;
+        for (int i = 0; i < nwarps; ++i) {
+            sum += sm.partial[i][e];
+        }
+        // e = 4*lane' + i holds C element i of lane' = 4g + t: row g + 8*(i/2), token 2t + i%2
+        const int l = e / 4, i = e % 4;
+        const int row = (l / 4) + 8*(i / 2), tok = 2*(l % 4) + i % 2;
+        float v = 0.0f;
+        if (tok < m && row < nrows) {
+            v = sum*gemv_il_out_scale(type) + (ep.res ? ep.res[tok*ep.stride_res + row0 + row] : 0.0f);
+            if (ep.argmax) {
+                atomicMax(&sm.best[tok], gemv_il_argmax_key(v, row0 + row));
+            } else {
+                dst[tok*stride_dst + row0 + row] = v;
+            }
+        }
+        if (ep.sums) {
+            sm.squares[row][tok] = v*v;
+        }
+    }
+    if (ep.sums) { // uniform over the CTA; the rows in a fixed order, so a replay gives the same bits
+        __syncthreads();
+        if ((int) threadIdx.x < m) {
+            float ss = 0.0f;
+            for (int row = 0; row < GEMV_IL_TILE_ROWS; ++row) {
+                ss += sm.squares[row][threadIdx.x];
+            }
+            ep.sums[threadIdx.x*ntiles + tile] = ss;
+        }
+    }
+}
+
+// Whether a type's GEMV runs as tile loops (gemv_il_tile_loops): Q4_K and Q8_0, whose next loads are two chunks a
+// warp. On the H200 (gemv_bench --token, twentieth session) that took the 9B Q4_K token 3.8% and Q8_0's 1.3%
+// faster; Q4_0 +0.8%, its head 4206 -> 4060 GB/s (one chunk in flight a warp through the epilogue's barriers,
+// where a fresh CTA would stream), W4A8 +7.4% (128 registers in that kernel, not 108).
+GEMV_IL_HD constexpr bool gemv_il_persistent(int type) {
+    return type == GEMV_IL_Q4_K || type == GEMV_IL_Q8_0 || type == GEMV_IL_Q4_0;
+}
+
+// One CTA a tile. See gemv_il_mul_mat.
 template <int type, int S>
-static __global__ void __launch_bounds__(GEMV_IL_MAX_WARPS*WARP_SIZE)
-gemv_il_mul_mat(const uint8_t * w, const int8_t * const * luts, const uint8_t * xq, const float * xs, float * dst,
-                const int n, const int k, const int m, const int64_t stride_dst, const gemv_il_epilogue ep) {
+static __device__ __forceinline__ void gemv_il_one_tile(const uint8_t * w, const int8_t * const * luts, const uint8_t * xq, const float * xs,
+                                                        float * dst, const int n, const int k, const int m, const int64_t stride_dst,
+                                                        const gemv_il_epilogue & ep) {
     const int lane    = threadIdx.x % WARP_SIZE;
     const int warp    = threadIdx.x / WARP_SIZE;
     const int nwarps  = blockDim.x / WARP_SIZE;
@@ -351,19 +446,8 @@ gemv_il_mul_mat(const uint8_t * w, const int8_t * const * luts, const uint8_t * 
         }
     };
 
-    // W4A8: the level tables of rows g and g+8, by the ids in the first chunk's meta (a partial tile's rows:
-    // in their first block; missing rows take row 0's). The loader gives every block a registered id; a
-    // foreign one indexes the table modulo its size, whose unused entries hold the uniform codebook.
     const int8_t * levels[2] = {nullptr, nullptr};
-    if constexpr (type == GEMV_IL_W4A8) {
-#pragma unroll
-        for (int i = 0; i < 2; ++i) {
-            const int row = lane/4 + 8*i;
-            const uint8_t * id = nrows == GEMV_IL_TILE_ROWS ? tile + gemv_il_w4a8_il_offset(row, GEMV_IL_W4A8_CB)
-                                                            : tile + (row < nrows ? row : 0)*gemv_il_row_bytes(type, k) + GEMV_IL_W4A8_CB;
-            levels[i] = luts[*(const uint32_t *) id & (GEMV_IL_W4A8_CODEBOOKS - 1)];
-        }
-    }
+    gemv_il_tile_levels<type>(levels, luts, tile, nrows, k, lane);
 
     // The weights do not depend on the previous kernel: their first loads overlap its tail.
     gemv_il_chunk<type> r[S];
@@ -389,56 +473,120 @@ gemv_il_mul_mat(const uint8_t * w, const int8_t * const * luts, const uint8_t * 
     GEMV_IL_MARK(tile, 2);
     ggml_cuda_pdl_lc();
 
-    __shared__ float partial[GEMV_IL_MAX_WARPS][WARP_SIZE*4];
-    __shared__ unsigned long long best[GEMV_IL_MAX_TOKENS];
-    __shared__ float squares[GEMV_IL_TILE_ROWS][GEMV_IL_MAX_TOKENS];
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-        partial[warp][lane*4 + i] = acc[i];
-    }
-    if (ep.argmax && threadIdx.x < GEMV_IL_MAX_TOKENS) {
-        best[threadIdx.x] = 0;
-    }
-    __syncthreads();
-    // 128 outputs (16 rows x 8 tokens); a CTA of fewer than 4 warps writes several per thread
-    for (int e = threadIdx.x; e < WARP_SIZE*4; e += blockDim.x) {
-        float sum = 0.0f;
-        for (int i = 0; i < nwarps; ++i) {
-            sum += partial[i][e];
-        }
-        // e = 4*lane' + i holds C element i of lane' = 4g + t: row g + 8*(i/2), token 2t + i%2
-        const int l = e / 4, i = e % 4;
-        const int row = (l / 4) + 8*(i / 2), tok = 2*(l % 4) + i % 2;
-        float v = 0.0f;
-        if (tok < m && row < nrows) {
-            v = sum*gemv_il_out_scale(type) + (ep.res ? ep.res[tok*ep.stride_res + row0 + row] : 0.0f);
-            if (ep.argmax) {
-                atomicMax(&best[tok], gemv_il_argmax_key(v, row0 + row));
-            } else {
-                dst[tok*stride_dst + row0 + row] = v;
-            }
-        }
-        if (ep.sums) {
-            squares[row][tok] = v*v;
-        }
-    }
-    if (ep.sums) { // uniform over the CTA; the rows in a fixed order, so a replay gives the same bits
-        __syncthreads();
-        if ((int) threadIdx.x < m) {
-            float ss = 0.0f;
-            for (int row = 0; row < GEMV_IL_TILE_ROWS; ++row) {
-                ss += squares[row][threadIdx.x];
-            }
-            ep.sums[threadIdx.x*gridDim.x + blockIdx.x] = ss;
-        }
-    }
-    if (ep.argmax) { // uniform over the CTA
-        __syncthreads();
-        if ((int) threadIdx.x < m) {
-            atomicMax(&ep.argmax[threadIdx.x], best[threadIdx.x]);
-        }
-    }
+    __shared__ gemv_il_tile_smem sm;
+    gemv_il_tile_store<type, true>(sm, acc, blockIdx.x, gridDim.x, row0, nrows, m, dst, stride_dst, ep);
+    gemv_il_argmax_flush(sm, m, ep);
     GEMV_IL_MARK(tile, 3);
+}
+
+// Tiles blockIdx.x, blockIdx.x + gridDim.x, ...: a warp walks its chunks of all of them as one sequence, each
+// register stage loading its first chunk of the next full tile as it finishes this one, so those loads are in
+// flight while the CTA adds up and stores the tile. The partial last tile (fewer than 16 rows, gathered from
+// ggml's rows) takes its chunks one at a time in a loop of its own, which keeps the gather's registers out of
+// the pipelined loop's. See gemv_il_mul_mat.
+template <int type, int S>
+static __device__ __forceinline__ void gemv_il_tile_loops(const uint8_t * w, const int8_t * const * luts, const uint8_t * xq, const float * xs,
+                                                          float * dst, const int n, const int k, const int m, const int64_t stride_dst,
+                                                          const gemv_il_epilogue & ep) {
+    const int lane    = threadIdx.x % WARP_SIZE;
+    const int warp    = threadIdx.x / WARP_SIZE;
+    const int nwarps  = blockDim.x / WARP_SIZE;
+    const int nchunks = k / GEMV_IL_CHUNK_K;
+    const int ntiles  = (n + GEMV_IL_TILE_ROWS - 1) / GEMV_IL_TILE_ROWS;
+    const int nfull   = n / GEMV_IL_TILE_ROWS;
+    const float * xsum = xs + gemv_il_xs_count(k);
+    // full tiles and the partial last tile's ggml rows both start here
+    const auto tile_at = [&](const int t) { return w + (int64_t) t*gemv_il_tile_bytes(type, k); };
+    const auto load = [&](gemv_il_chunk<type> & r, const int t, const int c) {
+        gemv_il_load_chunk<type>(r, tile_at(t) + (int64_t) c*gemv_il_chunk_bytes(type), lane);
+    };
+
+    // The weights do not depend on the previous kernel: their first loads overlap its tail.
+    GEMV_IL_MARK(tile_at(blockIdx.x), 0);
+    gemv_il_chunk<type> r[S];
+    if ((int) blockIdx.x < nfull) {
+#pragma unroll
+        for (int s = 0; s < S; ++s) {
+            if (warp + s*nwarps < nchunks) {
+                load(r[s], blockIdx.x, warp + s*nwarps);
+            }
+        }
+    }
+    ggml_cuda_pdl_sync();
+
+    __shared__ gemv_il_tile_smem sm;
+    gemv_il_argmax_init(sm, ep);
+    for (int t = blockIdx.x; t < ntiles; t += gridDim.x) {
+        const uint8_t * tile = tile_at(t);
+        const int row0 = t*GEMV_IL_TILE_ROWS, nrows = min(n - row0, GEMV_IL_TILE_ROWS), next = t + gridDim.x;
+        if (t != (int) blockIdx.x) {
+            GEMV_IL_MARK(tile, 0);
+        }
+        GEMV_IL_MARK(tile, 1);
+        const int8_t * levels[2] = {nullptr, nullptr};
+        gemv_il_tile_levels<type>(levels, luts, tile, nrows, k, lane);
+
+        float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        const auto dot = [&](gemv_il_chunk<type> & r, const int c) {
+            const int64_t cs = (int64_t) c*(GEMV_IL_CHUNK_BLOCKS*GEMV_IL_MAX_TOKENS);
+            gemv_il_chunk_dot<type>(r, xq + (int64_t) c*(GEMV_IL_CHUNK_K*GEMV_IL_MAX_TOKENS), xs + cs, xsum + cs, levels, lane, acc);
+        };
+        if (t < nfull) {
+            for (int c0 = warp; c0 < nchunks; c0 += S*nwarps) {
+#pragma unroll
+                for (int s = 0; s < S; ++s) {
+                    const int c = c0 + s*nwarps;
+                    if (c < nchunks) {
+                        dot(r[s], c);
+                        if (c + S*nwarps < nchunks) {
+                            load(r[s], t, c + S*nwarps);
+                        } else if (next < nfull) { // this stage's first chunk of the next tile
+                            load(r[s], next, warp + s*nwarps);
+                        }
+                    }
+                }
+            }
+        } else {
+            for (int c = warp; c < nchunks; c += nwarps) {
+                gemv_il_gather_chunk<type>(r[0], tile, nrows, k, c, lane);
+                dot(r[0], c);
+            }
+        }
+        GEMV_IL_MARK(tile, 2);
+        if (next >= ntiles) {
+            ggml_cuda_pdl_lc();
+        }
+        gemv_il_tile_store<type, false>(sm, acc, t, ntiles, row0, nrows, m, dst, stride_dst, ep);
+        GEMV_IL_MARK(tile, 3);
+        if (next < ntiles) { // before the next tile writes sm.partial and sm.squares
+            __syncthreads();
+        }
+    }
+    gemv_il_argmax_flush(sm, m, ep);
+}
+
+// Y = X W^T for m <= 8 token rows: dst[tok*stride_dst + row], with the epilogue's residual added, or only its
+// argmax keys. Grid gemv_il_grid, block (32 * nwarps, nwarps <= GEMV_IL_MAX_WARPS); a CTA's warps split each of its
+// tiles' chunks (chunk c to warp c % nwarps) and add up their partial sums in shared memory at the end.
+// luts: W4A8's level tables by codebook id (else unused). S: register stages per warp. With S = 1 a warp loads
+// its next chunk after using the current one; with S = 2 the next load is in flight while it computes (twice
+// the registers for the weights). gemv_il_stages picks S per type.
+template <int type, int S>
+static __global__ void __launch_bounds__(GEMV_IL_MAX_WARPS*WARP_SIZE)
+gemv_il_mul_mat(const uint8_t * w, const int8_t * const * luts, const uint8_t * xq, const float * xs, float * dst,
+                const int n, const int k, const int m, const int64_t stride_dst, const gemv_il_epilogue ep) {
+    if constexpr (gemv_il_persistent(type)) {
+        gemv_il_tile_loops<type, S>(w, luts, xq, xs, dst, n, k, m, stride_dst, ep);
+    } else {
+        gemv_il_one_tile<type, S>(w, luts, xq, xs, dst, n, k, m, stride_dst, ep);
+    }
+}
+
+// CTAs of a GEMV over n rows: one a tile, or for a type of tile loops as many as are resident at once (slots: CTAs
+// per SM times SMs), at most one a tile.
+static int gemv_il_grid(const int type, const int64_t n, const int64_t slots) {
+    const int64_t ntiles = (n + GEMV_IL_TILE_ROWS - 1) / GEMV_IL_TILE_ROWS;
+    return (int) (gemv_il_persistent(type) ? std::max<int64_t>(1, std::min(ntiles, slots)) : ntiles);
 }
 
 // What the activation quantization computes from its input rows x before rounding, so that the
