@@ -9,11 +9,12 @@
 // block, their int32 results times the int8 scales added in int32, and the fp16 d applied per chunk. W4A8's
 // codes become their int8 levels by a lookup in the codebook's table (its scale per 16 values is inside the
 // levels), so one s8 mma per block, and the row's fp32 d applies per chunk.
-// A CTA owns one 16-row tile; its warps split K (chunk c goes to warp c % nwarps) and add up their
-// partial sums in shared memory at the end. Weights are read once, as 16-byte streaming loads that
-// skip L1; the activations (10*K bytes) are read by every CTA and stay in L1/L2. They are read with
-// plain loads, never ld.global.nc: the previous kernel writes them, and under PDL only coherent loads
-// after griddepcontrol.wait are guaranteed to see its writes (ggml drops __restrict__ for the same reason).
+// A CTA owns a 16-row tile at a time (Q4_0, Q4_K and Q8_0 CTAs loop over several: gemv_il_persistent); its warps
+// split K (chunk c goes to warp c % nwarps) and add up their partial sums in shared memory at the end. Weights
+// are read once, as 16-byte streaming loads that skip L1; the activations (10*K bytes) are read by every CTA
+// and stay in L1/L2. They are read with plain loads, never ld.global.nc: the previous kernel writes them, and
+// under PDL only coherent loads after griddepcontrol.wait are guaranteed to see its writes (ggml drops
+// __restrict__ for the same reason).
 //
 // Launch with ggml_cuda_kernel_launch: on Hopper it enables programmatic dependent launch, and the
 // GEMV loads its first weight chunks before waiting for the kernel that writes its activations.
@@ -411,10 +412,11 @@ static __device__ __forceinline__ void gemv_il_tile_store(gemv_il_tile_smem & sm
     }
 }
 
-// Whether a type's GEMV runs as tile loops (gemv_il_tile_loops): Q4_K and Q8_0, whose next loads are two chunks a
-// warp. On the H200 (gemv_bench --token, twentieth session) that took the 9B Q4_K token 3.8% and Q8_0's 1.3%
-// faster; Q4_0 +0.8%, its head 4206 -> 4060 GB/s (one chunk in flight a warp through the epilogue's barriers,
-// where a fresh CTA would stream), W4A8 +7.4% (128 registers in that kernel, not 108).
+// Whether a type's GEMV runs as tile loops (gemv_il_tile_loops): each warp keeps its next loads in flight through
+// the tile's epilogue. On the H200 (gemv_bench --token with the model's prologues, twenty-first session) that took
+// the 9B token's GEMVs 3.7% faster in Q4_0 (74 registers, not 64; at S = 2 it was 15% slower), 4.3% in Q4_K, 1.9% in
+// Q8_0, the 27B's Q4_0 0.9%. W4A8 keeps a CTA a tile: 128 registers in the loops, not 108, and 7.4% slower (twentieth
+// session); Q6_K too, whose GEMV in a decode token is the output projection of many waves (not measured as loops).
 GEMV_IL_HD constexpr bool gemv_il_persistent(int type) {
     return type == GEMV_IL_Q4_K || type == GEMV_IL_Q8_0 || type == GEMV_IL_Q4_0;
 }
