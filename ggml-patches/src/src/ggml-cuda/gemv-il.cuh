@@ -163,18 +163,22 @@ static __device__ __forceinline__ void gemv_il_mma_u8s8(int d[4], const uint32_t
 #endif // __CUDA_ARCH__ >= GGML_CUDA_CC_AMPERE
 }
 
-// acc (rows g, g+8 x tokens 2t, 2t+1, the mma's C layout) += this chunk's 8 blocks of 32.
-// xs: the chunk's activation scales; xsum: their block sums (Q4_K only); levels: W4A8's level tables of rows
-// g and g+8.
+// acc (rows g, g+8 x tokens 2t, 2t+1, the mma's C layout) += the 8 blocks of 32 of chunk c (its weights in r).
+// xq, xs: the activation codes, then scales and block sums (Q4_K only) of all k; levels: W4A8's level tables of
+// rows g and g+8.
 template <int type>
-static __device__ __forceinline__ void gemv_il_chunk_dot(const gemv_il_chunk<type> & r, const uint8_t * xq, const float * xs,
-                                                         const float * xsum, const int8_t * const * levels, const int lane,
-                                                         float acc[4]) {
+static __device__ __forceinline__ void gemv_il_chunk_dot(const gemv_il_chunk<type> & r, const int c, const uint8_t * xq_all,
+                                                         const float * xs_all, const int k, const int8_t * const * levels,
+                                                         const int lane, float acc[4]) {
 #if defined(GGML_USE_HIP)
     // NVIDIA's mma fragment layouts; on HIP the weights are never interleaved (gemv_il_eligible)
-    GGML_UNUSED_VARS(r, xq, xs, xsum, levels, lane, acc);
+    GGML_UNUSED_VARS(r, c, xq_all, xs_all, k, levels, lane, acc);
     NO_DEVICE_CODE;
 #else
+    const int64_t cs = (int64_t) c*(GEMV_IL_CHUNK_BLOCKS*GEMV_IL_MAX_TOKENS);
+    const uint8_t * xq   = xq_all + (int64_t) c*(GEMV_IL_CHUNK_K*GEMV_IL_MAX_TOKENS);
+    const float   * xs   = xs_all + cs;
+    const float   * xsum = xs_all + gemv_il_xs_count(k) + cs;
     using namespace ggml_cuda_mma;
     [[maybe_unused]] float accd[4] = {0.0f, 0.0f, 0.0f, 0.0f};    // the chunk's sums before its rows' d (Q4_K: even sub-blocks)
     [[maybe_unused]] float accd_hi[4] = {0.0f, 0.0f, 0.0f, 0.0f}; // Q4_K: odd sub-blocks, codes 16*q
@@ -432,7 +436,6 @@ static __device__ __forceinline__ void gemv_il_one_tile(const uint8_t * w, const
     const int nchunks = k / GEMV_IL_CHUNK_K;
     const int row0    = blockIdx.x*GEMV_IL_TILE_ROWS;
     const int nrows   = min(n - row0, GEMV_IL_TILE_ROWS);
-    const float * xsum = xs + gemv_il_xs_count(k);
     // full tiles and the partial last tile's ggml rows both start here
     const uint8_t * tile = w + (int64_t) blockIdx.x*gemv_il_tile_bytes(type, k);
     GEMV_IL_MARK(tile, 0);
@@ -466,8 +469,7 @@ static __device__ __forceinline__ void gemv_il_one_tile(const uint8_t * w, const
         for (int s = 0; s < S; ++s) {
             const int c = c0 + s*nwarps;
             if (c < nchunks) {
-                const int64_t cs = (int64_t) c*(GEMV_IL_CHUNK_BLOCKS*GEMV_IL_MAX_TOKENS);
-                gemv_il_chunk_dot<type>(r[s], xq + (int64_t) c*(GEMV_IL_CHUNK_K*GEMV_IL_MAX_TOKENS), xs + cs, xsum + cs, levels, lane, acc);
+                gemv_il_chunk_dot<type>(r[s], c, xq, xs, k, levels, lane, acc);
             }
             load(r[s], c + S*nwarps);
         }
@@ -496,7 +498,6 @@ static __device__ __forceinline__ void gemv_il_tile_loops(const uint8_t * w, con
     const int nchunks = k / GEMV_IL_CHUNK_K;
     const int ntiles  = (n + GEMV_IL_TILE_ROWS - 1) / GEMV_IL_TILE_ROWS;
     const int nfull   = n / GEMV_IL_TILE_ROWS;
-    const float * xsum = xs + gemv_il_xs_count(k);
     // full tiles and the partial last tile's ggml rows both start here
     const auto tile_at = [&](const int t) { return w + (int64_t) t*gemv_il_tile_bytes(type, k); };
     const auto load = [&](gemv_il_chunk<type> & r, const int t, const int c) {
@@ -529,17 +530,13 @@ static __device__ __forceinline__ void gemv_il_tile_loops(const uint8_t * w, con
         gemv_il_tile_levels<type>(levels, luts, tile, nrows, k, lane);
 
         float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-        const auto dot = [&](gemv_il_chunk<type> & r, const int c) {
-            const int64_t cs = (int64_t) c*(GEMV_IL_CHUNK_BLOCKS*GEMV_IL_MAX_TOKENS);
-            gemv_il_chunk_dot<type>(r, xq + (int64_t) c*(GEMV_IL_CHUNK_K*GEMV_IL_MAX_TOKENS), xs + cs, xsum + cs, levels, lane, acc);
-        };
         if (t < nfull) {
             for (int c0 = warp; c0 < nchunks; c0 += S*nwarps) {
 #pragma unroll
                 for (int s = 0; s < S; ++s) {
                     const int c = c0 + s*nwarps;
                     if (c < nchunks) {
-                        dot(r[s], c);
+                        gemv_il_chunk_dot<type>(r[s], c, xq, xs, k, levels, lane, acc);
                         if (c + S*nwarps < nchunks) {
                             load(r[s], t, c + S*nwarps);
                         } else if (next < nfull) { // this stage's first chunk of the next tile
@@ -551,7 +548,7 @@ static __device__ __forceinline__ void gemv_il_tile_loops(const uint8_t * w, con
         } else {
             for (int c = warp; c < nchunks; c += nwarps) {
                 gemv_il_gather_chunk<type>(r[0], tile, nrows, k, c, lane);
-                dot(r[0], c);
+                gemv_il_chunk_dot<type>(r[0], c, xq, xs, k, levels, lane, acc);
             }
         }
         GEMV_IL_MARK(tile, 2);
