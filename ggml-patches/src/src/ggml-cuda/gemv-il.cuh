@@ -349,8 +349,8 @@ struct gemv_il_tile_smem {
     float              squares[GEMV_IL_TILE_ROWS][GEMV_IL_MAX_TOKENS];
 };
 
-// The argmax keys of a CTA's tiles gather in sm.best, zeroed before its first tile's keys (by gemv_il_tile_store
-// for a CTA of one tile, after its partial sums are written, as that kernel always did), then go to ep.argmax once.
+// The argmax keys of a CTA's tiles gather in sm.best, zeroed before its first tile's keys (gemv_il_tile_store's
+// barrier orders the two), then go to ep.argmax once.
 static __device__ __forceinline__ void gemv_il_argmax_init(gemv_il_tile_smem & sm, const gemv_il_epilogue & ep) {
     if (ep.argmax && threadIdx.x < GEMV_IL_MAX_TOKENS) {
         sm.best[threadIdx.x] = 0;
@@ -367,9 +367,9 @@ static __device__ __forceinline__ void gemv_il_argmax_flush(const gemv_il_tile_s
 }
 
 // Tile `tile` of `ntiles` (rows row0.., nrows of them) from its warps' accumulators: stored with the epilogue's
-// residual, or its argmax keys kept in sm.best (zeroed first with zero_best), and its sums of squares. Ends with
-// sm.partial and sm.squares still being read.
-template <int type, bool zero_best>
+// residual, or its argmax keys kept in sm.best, and its sums of squares. Ends with sm.partial and sm.squares still
+// being read.
+template <int type>
 static __device__ __forceinline__ void gemv_il_tile_store(gemv_il_tile_smem & sm, const float acc[4], const int tile,
                                                           const int ntiles, const int row0, const int nrows, const int m,
                                                           float * dst, const int64_t stride_dst, const gemv_il_epilogue & ep) {
@@ -377,9 +377,6 @@ static __device__ __forceinline__ void gemv_il_tile_store(gemv_il_tile_smem & sm
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
         sm.partial[warp][lane*4 + i] = acc[i];
-    }
-    if (zero_best) {
-        gemv_il_argmax_init(sm, ep);
     }
     __syncthreads();
     // 128 outputs (16 rows x 8 tokens); a CTA of fewer than 4 warps writes several per thread
@@ -478,7 +475,8 @@ static __device__ __forceinline__ void gemv_il_one_tile(const uint8_t * w, const
     ggml_cuda_pdl_lc();
 
     __shared__ gemv_il_tile_smem sm;
-    gemv_il_tile_store<type, true>(sm, acc, blockIdx.x, gridDim.x, row0, nrows, m, dst, stride_dst, ep);
+    gemv_il_argmax_init(sm, ep);
+    gemv_il_tile_store<type>(sm, acc, blockIdx.x, gridDim.x, row0, nrows, m, dst, stride_dst, ep);
     gemv_il_argmax_flush(sm, m, ep);
     GEMV_IL_MARK(tile, 3);
 }
@@ -555,7 +553,7 @@ static __device__ __forceinline__ void gemv_il_tile_loops(const uint8_t * w, con
         if (next >= ntiles) {
             ggml_cuda_pdl_lc();
         }
-        gemv_il_tile_store<type, false>(sm, acc, t, ntiles, row0, nrows, m, dst, stride_dst, ep);
+        gemv_il_tile_store<type>(sm, acc, t, ntiles, row0, nrows, m, dst, stride_dst, ep);
         GEMV_IL_MARK(tile, 3);
         if (next < ntiles) { // before the next tile writes sm.partial and sm.squares
             __syncthreads();
