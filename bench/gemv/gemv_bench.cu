@@ -636,10 +636,18 @@ static void run_token(int type, const token_shape & sh, double ceil_gbs, cudaStr
     // quantization launches on the critical path cost, the most an in-GEMV quantization could save
     const char * quant_env = getenv("GEMV_TOKEN_QUANT"), * prologues_env = getenv("GEMV_TOKEN_PROLOGUES");
     const bool quant = !quant_env || atoi(quant_env) != 0, prologues = prologues_env && atoi(prologues_env) != 0;
+    // GEMV_TOKEN_SKIP="rms_norm,swiglu" (with the prologues): drops only the quantizations of those prologues, the
+    // most that moving them into the GEMVs that write their inputs could save
+    const char * skip_env = getenv("GEMV_TOKEN_SKIP");
+    const auto skipped = [&](gemv_il_prologue p) {
+        static const char * const names[] = {"plain", "rms_norm", "swiglu", "gated_norm", "sigmoid_gate"};
+        return skip_env != nullptr && strstr(skip_env, names[p]) != nullptr;
+    };
     launch_quantize(x.as<float>(), stride_x, kmax, GEMV_IL_MAX_TOKENS, xq.as<uint8_t>(), xs.as<float>(), st);
-    printf("\n| %s %s token, PDL %s%s%s%s | M | us per token | GEMV launches | GB | TB/s | %% of read |\n|---|---|---|---|---|---|---|\n",
+    printf("\n| %s %s token, PDL %s%s%s%s%s | M | us per token | GEMV launches | GB | TB/s | %% of read |\n|---|---|---|---|---|---|---|\n",
            sh.name, type_name(type), pdl && atoi(pdl) == 0 ? "off" : "on",
-           !quant ? ", no quantization" : prologues ? ", the model's prologues and residuals" : "",
+           !quant ? ", no quantization" : skip_env ? ", no quantization for " : prologues ? ", the model's prologues and residuals" : "",
+           skip_env ? skip_env : "",
            nwarps_env ? ", warps " : "", nwarps_env ? nwarps_env : "");
     for (int m : {1, 8}) {
         const auto issue = [&](int) {
@@ -658,7 +666,7 @@ static void run_token(int type, const token_shape & sh, double ceil_gbs, cudaStr
                 if (prologues && g.residual) {
                     ep.res = y.as<float>(); ep.stride_res = g.n; ep.sums = sums.as<float>();
                 }
-                if (quant) {
+                if (quant && !skipped(prologue)) {
                     launch_quantize(x.as<float>(), stride_x, g.k, m, xq.as<uint8_t>(), xs.as<float>(), st, prologue, args);
                 }
                 launch_gemv(g.type, stages[i], w.as<uint8_t>() + g.at, xq.as<uint8_t>(), xs.as<float>(), y.as<float>(),
