@@ -7,6 +7,7 @@
 // before the first conv step and whose q/k norms share one block reduction. The per-element steps are
 // shared with the CPU kernel (pyqwen-deltanet-step.h).
 #include "pyqwen-deltanet.cuh"
+#include "pyqwen-warp-sum.cuh"
 #include "ggml-pyqwen.h"
 #include "pyqwen-deltanet-step.h"
 #include "pyqwen-graph.cuh"
@@ -235,18 +236,39 @@ pyqwen_deltanet_step_kernel(
             yv[j] = pqd_conv_silu(stv, wv, K1, xv[j]);
         }
     }
-    float ss[NT];
+    // the squares' sums over the warp for the q/k norms. A group's 8 at once (pyqwen_warp_sum8, lane 4j: slot j): 9
+    // shuffles, not 40; shuffles bound the group kernel (deltanet_step_bench, twenty-second session)
+    static_assert(PQD_GROUP == 8, "pyqwen_warp_sum8's 8 slots");
+    if constexpr (NT == PQD_GROUP) {
+        float squares[NT];
 #pragma unroll
-    for (int j = 0; j < NT; ++j) {
-        ss[j] = warp_reduce_sum(y[j]*y[j]);
-    }
-#pragma unroll
-    for (int j = 0; j < NT; ++j) {
-        if (lane == 0) {
-            partial[j][warp] = ss[j];
+        for (int j = 0; j < NT; ++j) {
+            squares[j] = y[j]*y[j];
         }
-        if (has_v) {
-            vs[j][t] = yv[j];
+        const float ss = pyqwen_warp_sum8(squares);
+        if (lane % 4 == 0) {
+            partial[lane/4][warp] = ss;
+        }
+#pragma unroll
+        for (int j = 0; j < NT; ++j) {
+            if (has_v) {
+                vs[j][t] = yv[j];
+            }
+        }
+    } else {
+        float ss[NT];
+#pragma unroll
+        for (int j = 0; j < NT; ++j) {
+            ss[j] = warp_reduce_sum(y[j]*y[j]);
+        }
+#pragma unroll
+        for (int j = 0; j < NT; ++j) {
+            if (lane == 0) {
+                partial[j][warp] = ss[j];
+            }
+            if (has_v) {
+                vs[j][t] = yv[j];
+            }
         }
     }
     if (t < n) {
@@ -282,7 +304,9 @@ pyqwen_deltanet_step_kernel(
     }
 
     // the recurrence, as ggml_gated_delta_net's: kv = S^T k, delta = (v - g kv) beta, S = g S + k delta^T,
-    // out = scale S^T q; a column's sums over its warp
+    // out = scale S^T q; a column's sums over its warp. Only kv's sum is on the chain from token to token: a group
+    // sums its outputs after the loop, 8 at once.
+    [[maybe_unused]] float outs[NT];
 #pragma unroll
     for (int tok = 0; tok < NT; ++tok) {
         if (tok < n) { // uniform
@@ -303,13 +327,26 @@ pyqwen_deltanet_step_kernel(
                 s[i] = g*s[i] + ks[tok][r0 + i]*delta;
                 out += s[i]*qs[tok][r0 + i];
             }
+            if constexpr (NT == PQD_GROUP) {
+                outs[tok] = out;
+            } else {
 #pragma unroll
-            for (int o = 1; o < PQF_S/PQF_ROWS; o <<= 1) {
-                out += __shfl_xor_sync(0xFFFFFFFF, out, o, WARP_SIZE);
+                for (int o = 1; o < PQF_S/PQF_ROWS; o <<= 1) {
+                    out += __shfl_xor_sync(0xFFFFFFFF, out, o, WARP_SIZE);
+                }
+                if (t % (PQF_S/PQF_ROWS) == 0) {
+                    attn[((int64_t) tok*hv + v)*PQF_S + col0 + col] = out*scale;
+                }
             }
-            if (t % (PQF_S/PQF_ROWS) == 0) {
-                attn[((int64_t) tok*hv + v)*PQF_S + col0 + col] = out*scale;
-            }
+        } else if constexpr (NT == PQD_GROUP) {
+            outs[tok] = 0.0f;
+        }
+    }
+    if constexpr (NT == PQD_GROUP) { // a warp a column
+        static_assert(PQF_S/PQF_ROWS == WARP_SIZE, "a column's rows in one warp");
+        const float out = pyqwen_warp_sum8(outs);
+        if (lane % 4 == 0 && lane/4 < n) {
+            attn[((int64_t) (lane/4)*hv + v)*PQF_S + col0 + col] = out*scale;
         }
     }
 #pragma unroll
