@@ -1,5 +1,5 @@
 // Eight sums over a warp at once, for pyqwen's CUDA kernels that reduce a value of each of 8 token rows
-// (the RMS norm's sums of squares in the GEMV's quantization).
+// (the RMS norm's sums of squares in the GEMV's quantization; the DeltaNet group kernel's q/k norms and outputs).
 #pragma once
 
 #include "common.cuh"
