@@ -249,12 +249,6 @@ pyqwen_deltanet_step_kernel(
         if (lane % 4 == 0) {
             partial[lane/4][warp] = ss;
         }
-#pragma unroll
-        for (int j = 0; j < NT; ++j) {
-            if (has_v) {
-                vs[j][t] = yv[j];
-            }
-        }
     } else {
         float ss[NT];
 #pragma unroll
@@ -266,9 +260,12 @@ pyqwen_deltanet_step_kernel(
             if (lane == 0) {
                 partial[j][warp] = ss[j];
             }
-            if (has_v) {
-                vs[j][t] = yv[j];
-            }
+        }
+    }
+#pragma unroll
+    for (int j = 0; j < NT; ++j) {
+        if (has_v) {
+            vs[j][t] = yv[j];
         }
     }
     if (t < n) {
