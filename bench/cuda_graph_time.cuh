@@ -4,14 +4,16 @@
 
 #include <cuda_runtime.h>
 
-// Microseconds a replay: 5 warm-up replays, then `reps` between two events.
-template <typename F>
-static double graph_us_per_replay(cudaStream_t st, const int reps, F && enqueue) {
+// Microseconds a replay: 5 warm-up replays, then `reps` between two events. `edit` may change the captured
+// graph's nodes before it is instantiated.
+template <typename F, typename E = void (*)(cudaGraph_t)>
+static double graph_us_per_replay(cudaStream_t st, const int reps, F && enqueue, E && edit = [](cudaGraph_t) {}) {
     cudaGraph_t g;
     cudaGraphExec_t ge;
     CUDA_CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeRelaxed));
     enqueue();
     CUDA_CHECK(cudaStreamEndCapture(st, &g));
+    edit(g);
     CUDA_CHECK(cudaGraphInstantiate(&ge, g, 0));
     for (int i = 0; i < 5; ++i) {
         CUDA_CHECK(cudaGraphLaunch(ge, st));

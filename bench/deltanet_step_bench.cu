@@ -2,7 +2,8 @@
 // both GPU paths, pyqwen_deltanet_step_kernel and the prep kernel + ggml's gated_delta_net_cuda, against a
 // float64 reference for two passes in a row (outputs, recurrent state, conv state), then a 9B token's 24
 // DeltaNet layers (16 k heads, 32 v heads of 128, each layer its own state) timed each way in a CUDA graph,
-// at 1 and 8 tokens. It compiles the two kernel files into itself, with stand-ins for the few ggml symbols
+// at 1 and 8 tokens, then behind a 28 MB weight read each (L2 evicted as in the model), without and with
+// the states persisting in L2. It compiles the two kernel files into itself, with stand-ins for the few ggml symbols
 // their host code names, so it builds in seconds without ggml (the patched tree from prepare_ggml.py):
 //   G=vendor/ggml; nvcc -std=c++17 -O3 -arch=sm_90 -use_fast_math -extended-lambda -I$G/include -I$G/src \
 //     -I$G/src/ggml-cuda -DGGML_USE_CUDA bench/deltanet_step_bench.cu -o /tmp/deltanet_step_bench
@@ -143,6 +144,89 @@ static double max_rel(const std::vector<float> & a, const std::vector<double> & 
     return err;
 }
 
+// stands in for a GEMV between DeltaNet layers: reads its `n4` float4 of weights once, with the same L2
+// policy as the GEMVs' weight loads (evict-normal), so that it evicts what they would
+static __global__ void stream_weights(const float4 * w, const size_t n4, float * sink) {
+    float acc = 0.0f;
+    for (size_t i = blockIdx.x*(size_t) blockDim.x + threadIdx.x; i < n4; i += (size_t) gridDim.x*blockDim.x) {
+        const float4 v = __ldg(w + i);
+        acc += v.x + v.y + v.z + v.w;
+    }
+    if (acc == 1234.5f) *sink = acc; // never: the loads stay
+}
+
+// In the model the GEMVs stream ~4.7 GB a token through L2 between DeltaNet layers, so each layer's 2 MB state
+// comes from DRAM, where the graph above keeps much of the 24 layers' 48 MB in L2. Here each layer runs behind a
+// 28 MB read (the in_proj GEMV's weights, a fresh slice each layer), then again with as many layers' states
+// as the L2 set-aside holds kept there (an access policy window on their step kernels' graph nodes).
+static void l2_experiment(const shape & s, unsigned int * arrivals, cudaStream_t st, std::mt19937 & rng) {
+    const size_t slice = (size_t) 28 << 20, state_bytes = (size_t) s.S*s.S*s.hv*sizeof(float);
+    float4 * weights;
+    float * sink;
+    CUDA_CHECK(cudaMalloc(&weights, 24*slice));
+    CUDA_CHECK(cudaMemset(weights, 0, 24*slice));
+    CUDA_CHECK(cudaMalloc(&sink, sizeof(float)));
+    int max_persist = 0, max_window = 0;
+    CUDA_CHECK(cudaDeviceGetAttribute(&max_persist, cudaDevAttrMaxPersistingL2CacheSize, 0));
+    CUDA_CHECK(cudaDeviceGetAttribute(&max_window, cudaDevAttrMaxAccessPolicyWindowSize, 0));
+    const int persist_layers = (int) std::min<size_t>(24, max_persist/state_bytes);
+    printf("\n24 layers, each behind a 28 MB weight read; L2 set-aside at most %.1f MB (window at most %.1f MB): "
+           "%d layers' states persisting in the last row\n", max_persist/1048576.0, max_window/1048576.0, persist_layers);
+    printf("| tokens | reads alone, us | reads + steps | steps' share | with states persisting | steps' share |\n"
+           "|---|---|---|---|---|---|\n");
+    for (int n : {1, 8}) {
+        std::vector<device_layer> layers;
+        for (int l = 0; l < 24; ++l) layers.push_back(upload(s, n, random_layer(s, n, rng)));
+        const auto enqueue = [&](bool steps) {
+            for (int l = 0; l < 24; ++l) {
+                stream_weights<<<132*8, 256, 0, st>>>(weights + l*(slice/sizeof(float4)), slice/sizeof(float4), sink);
+                if (steps) run_step(s, n, layers[l], arrivals, st);
+            }
+        };
+        const void * step_kernel = n == 1 ? (const void *) pyqwen_deltanet_step_kernel<3, 1>
+                                          : (const void *) pyqwen_deltanet_step_kernel<3, PQD_GROUP>;
+        // the first persist_layers layers' step nodes keep their state in the set-aside
+        const auto persist = [&](cudaGraph_t g) {
+            size_t count = 0;
+            CUDA_CHECK(cudaGraphGetNodes(g, nullptr, &count));
+            std::vector<cudaGraphNode_t> nodes(count);
+            CUDA_CHECK(cudaGraphGetNodes(g, nodes.data(), &count));
+            int windows = 0;
+            for (cudaGraphNode_t node : nodes) {
+                cudaGraphNodeType type;
+                CUDA_CHECK(cudaGraphNodeGetType(node, &type));
+                if (type != cudaGraphNodeTypeKernel) continue;
+                cudaKernelNodeParams kp;
+                CUDA_CHECK(cudaGraphKernelNodeGetParams(node, &kp));
+                if (kp.func != step_kernel) continue;
+                float * state = *(float **) kp.kernelParams[7];
+                for (int l = 0; l < persist_layers; ++l) {
+                    if (layers[l].state != state) continue;
+                    cudaKernelNodeAttrValue v = {};
+                    v.accessPolicyWindow.base_ptr  = state;
+                    v.accessPolicyWindow.num_bytes = state_bytes;
+                    v.accessPolicyWindow.hitRatio  = 1.0f;
+                    v.accessPolicyWindow.hitProp   = cudaAccessPropertyPersisting;
+                    v.accessPolicyWindow.missProp  = cudaAccessPropertyStreaming;
+                    CUDA_CHECK(cudaGraphKernelNodeSetAttribute(node, cudaKernelNodeAttributeAccessPolicyWindow, &v));
+                    ++windows;
+                }
+            }
+            if (windows != persist_layers) {
+                fprintf(stderr, "FAIL: %d access policy windows set, %d wanted\n", windows, persist_layers);
+                exit(1);
+            }
+        };
+        const double reads = graph_us_per_replay(st, 100, [&] { enqueue(false); });
+        const double both  = graph_us_per_replay(st, 100, [&] { enqueue(true); });
+        CUDA_CHECK(cudaDeviceSetLimit(cudaLimitPersistingL2CacheSize, (size_t) max_persist));
+        const double kept  = graph_us_per_replay(st, 100, [&] { enqueue(true); }, persist);
+        CUDA_CHECK(cudaCtxResetPersistingL2Cache());
+        CUDA_CHECK(cudaDeviceSetLimit(cudaLimitPersistingL2CacheSize, 0));
+        printf("| %d | %.1f | %.1f | %.1f | %.1f | %.1f |\n", n, reads, both, both - reads, kept, kept - reads);
+    }
+}
+
 int main() {
     cudaStream_t st;
     CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
@@ -194,6 +278,7 @@ int main() {
             printf("| %s | %d | %.1f | %.2f |\n", step ? "step kernel" : "prep + ggml's recurrence", n, us, us/24);
         }
     }
+    l2_experiment(s, arrivals, st, rng);
     printf("\n%d passed, %d failed\n", passed, failed);
     return failed != 0;
 }
