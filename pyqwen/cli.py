@@ -55,9 +55,23 @@ def cmd_generate(args) -> int:
     return 0
 
 
+def _fit_conversation(llm, messages: list[dict], reserve: int, think: bool | None) -> list[dict] | None:
+    """`messages` without as many of its oldest exchanges (a user turn and its reply) as it takes for the prompt
+    and `reserve` reply tokens to fit the context; the system prompt and the newest turn always stay. None when
+    the newest turn does not fit even alone."""
+    head = messages[:1] if messages[0]["role"] == "system" else []
+    turns = messages[len(head):]
+    while len(llm.chat_prompt_tokens(head + turns, enable_thinking=think)) + reserve > llm.n_ctx() and len(turns) > 1:
+        turns = turns[2:]
+    fitted = head + turns
+    return fitted if len(llm.chat_prompt_tokens(fitted, enable_thinking=think)) < llm.n_ctx() else None
+
+
 def cmd_chat(args) -> int:
     with _load(args) as llm:
         messages = [{"role": "system", "content": args.system}] if args.system else []
+        # room kept for a reply when old turns must go: -n, at most half the context
+        reserve = min(args.n_predict, llm.n_ctx() // 2) if args.n_predict > 0 else llm.n_ctx() // 2
         print("pyqwen chat: an empty line or Ctrl-D ends the session.", file=sys.stderr)
         while True:
             try:
@@ -66,7 +80,16 @@ def cmd_chat(args) -> int:
                 break
             if not line.strip():
                 break
-            messages.append({"role": "user", "content": line})
+            fitted = _fit_conversation(llm, messages + [{"role": "user", "content": line}], reserve, args.think)
+            if fitted is None:
+                print(f"pyqwen: that message does not fit the context of {llm.n_ctx()} tokens (-c); "
+                      "send a shorter one or start with a larger -c", file=sys.stderr)
+                continue
+            dropped = len(messages) + 1 - len(fitted)
+            if dropped:
+                print(f"(pyqwen: the {dropped} oldest messages no longer fit the context of {llm.n_ctx()} tokens "
+                      "and were dropped)", file=sys.stderr)
+            messages = fitted
             reply = ""
             for chunk in llm.create_chat_completion(messages, max_tokens=args.n_predict, stream=True,
                                                     enable_thinking=args.think, **_sampling(args)):
@@ -91,7 +114,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     chat = sub.add_parser("chat", help="interactive chat with the model's chat template")
     _add_model_args(chat, model_required=False)
-    chat.add_argument("-n", "--n-predict", type=int, default=1024, help="max tokens per reply (default 1024)")
+    chat.add_argument("-n", "--n-predict", type=int, default=1024,
+                      help="max tokens per reply (default 1024); when the conversation and this much room for the "
+                           "reply (at most half the context) outgrow -c, its oldest exchanges are dropped")
     chat.add_argument("--system", default=None, help="system prompt")
     chat.add_argument("--think", action=argparse.BooleanOptionalAction, default=None,
                       help="turn the template's thinking mode on or off")

@@ -256,18 +256,23 @@ class Llama:
 
     __call__ = create_completion
 
-    def create_chat_completion(self, messages: list[dict], max_tokens: int | None = None, temperature: float = 0.2,
-                               top_k: int = 40, top_p: float = 0.95, min_p: float = 0.05, repeat_penalty: float = 1.0,
-                               stop: str | list[str] | None = None, seed: int | None = None, stream: bool = False,
-                               enable_thinking: bool | None = None):
-        """OpenAI-shaped chat completion, rendered with the chat template stored in the model."""
+    def chat_prompt_tokens(self, messages: list[dict], enable_thinking: bool | None = None) -> list[int]:
+        """The tokens create_chat_completion feeds the model for `messages`: the model's chat template with the
+        assistant's turn opened, tokenized with its special tokens."""
         if not self.chat_template:
             raise ValueError(f"{self.model_path} has no chat template (tokenizer.chat_template); use create_completion")
         tok = self.tokenizer
         prompt = render_chat(self.chat_template, messages, add_generation_prompt=True, enable_thinking=enable_thinking,
                              bos_token=tok.token_text(tok.bos_id) if tok.bos_id is not None else "",
                              eos_token=tok.token_text(tok.eos_id) if tok.eos_id is not None else "")
-        prompt_tokens = self.tokenize(prompt, parse_special=True)
+        return self.tokenize(prompt, parse_special=True)
+
+    def create_chat_completion(self, messages: list[dict], max_tokens: int | None = None, temperature: float = 0.2,
+                               top_k: int = 40, top_p: float = 0.95, min_p: float = 0.05, repeat_penalty: float = 1.0,
+                               stop: str | list[str] | None = None, seed: int | None = None, stream: bool = False,
+                               enable_thinking: bool | None = None):
+        """OpenAI-shaped chat completion, rendered with the chat template stored in the model."""
+        prompt_tokens = self.chat_prompt_tokens(messages, enable_thinking=enable_thinking)
         self._check_prompt(prompt_tokens)
         stops = [stop] if isinstance(stop, str) else list(stop or [])
         usage: dict = {}

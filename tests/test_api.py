@@ -90,6 +90,42 @@ def test_chat_completion(llm):
     assert "".join(c["choices"][0]["delta"].get("content", "") for c in chunks) == msg["content"]
 
 
+def test_chat_history_fits_the_context(llm):
+    """The chat CLI's history trimming drops whole exchanges, oldest first, and no more than it must: the system
+    prompt and the newest turn stay, and one more exchange would not have fitted."""
+    from pyqwen.cli import _fit_conversation
+
+    system, reserve = {"role": "system", "content": "Be brief."}, 16
+    msgs = [system]
+    for i in range(8):
+        msgs += [{"role": "user", "content": f"question {i} " * 8}, {"role": "assistant", "content": f"answer {i} " * 8}]
+    msgs.append({"role": "user", "content": "and now?"})
+    assert len(llm.chat_prompt_tokens(msgs)) + reserve > llm.n_ctx()  # the case under test
+    fitted = _fit_conversation(llm, msgs, reserve, think=None)
+    dropped = len(msgs) - len(fitted)
+    assert dropped > 0 and dropped % 2 == 0
+    assert fitted == [system] + msgs[1 + dropped:]
+    assert len(llm.chat_prompt_tokens(fitted)) + reserve <= llm.n_ctx()
+    assert len(llm.chat_prompt_tokens([system] + msgs[dropped - 1:])) + reserve > llm.n_ctx()
+    assert _fit_conversation(llm, msgs[1:3] + msgs[-1:], reserve, think=None) == msgs[1:3] + msgs[-1:]  # fits as it is
+    assert _fit_conversation(llm, [system, {"role": "user", "content": "word " * 1000}], reserve, think=None) is None
+
+
+def test_cli_chat_outgrows_the_context(tiny_gguf, tmp_path):
+    """A conversation longer than -c loses its oldest exchanges, not the session; a message that cannot fit even
+    alone is refused, and the session goes on to the next."""
+    lines = ["tell me about the quick brown fox " * 3] * 4 + ["word " * 300, "last one"]
+    proc = subprocess.run([sys.executable, "-m", "pyqwen.cli", "chat", "-m", str(tiny_gguf), "-c", "128", "-n", "8",
+                           "--temp", "0", "-ngl", str(TEST_NGL)], input="\n".join(lines) + "\n",
+                          capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "oldest messages no longer fit the context of 128 tokens" in proc.stderr
+    refused = "that message does not fit the context of 128 tokens"
+    assert proc.stderr.count(refused) == 1
+    # every line was read: a prompt each, and one more for the end of the input
+    assert proc.stdout.count("> ") >= len(lines) + 1
+
+
 @pytest.mark.parametrize("builtin", [False, True], ids=["tiny", "builtin"])
 def test_cli_generate(tiny_gguf, tmp_path, builtin):
     """The prompt and its greedy completion; without -m from the model shipped in the package. The CLI
