@@ -47,6 +47,10 @@ def cmd_generate(args) -> int:
         if args.model is None:
             print("(pyqwen: using the small built-in model, 19M parameters trained on Python docs and code; "
                   "pass -m MODEL.gguf for a real one)", file=sys.stderr)
+        room = llm.n_ctx() - len(llm.tokenize(args.prompt))  # the most tokens a completion can add
+        if 0 < room < args.n_predict:
+            print(f"(pyqwen: the context of {llm.n_ctx()} tokens (-c) leaves room for {room} of the {args.n_predict} "
+                  "tokens asked)", file=sys.stderr)
         sys.stdout.write(args.prompt)
         for chunk in llm.create_completion(args.prompt, max_tokens=args.n_predict, stream=True, **_sampling(args)):
             sys.stdout.write(chunk["choices"][0]["text"])
@@ -109,7 +113,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen = sub.add_parser("generate", help="complete a prompt, streaming to stdout")
     _add_model_args(gen, model_required=False)
     gen.add_argument("-p", "--prompt", required=True, help="prompt text")
-    gen.add_argument("-n", "--n-predict", type=int, default=128, help="tokens to generate (default 128)")
+    gen.add_argument("-n", "--n-predict", type=int, default=128, help="tokens to generate (default 128; 0 or less: until the context is full)")
     gen.set_defaults(func=cmd_generate)
 
     chat = sub.add_parser("chat", help="interactive chat with the model's chat template")

@@ -126,6 +126,21 @@ def test_cli_chat_outgrows_the_context(tiny_gguf, tmp_path):
     assert proc.stdout.count("> ") >= len(lines) + 1
 
 
+def test_cli_generate_says_when_the_context_is_short(tiny_gguf, tmp_path):
+    """-n beyond what -c leaves after the prompt: stderr says how many tokens the completion can add, and a
+    completion that stops for the length adds exactly that many."""
+    with Llama(tiny_gguf, n_ctx=16) as llm:
+        room = 16 - len(llm.tokenize("Hello"))
+        out = llm("Hello", max_tokens=64, temperature=0.0)
+    n, finish = out["usage"]["completion_tokens"], out["choices"][0]["finish_reason"]
+    assert n == room if finish == "length" else n < room
+    proc = subprocess.run([sys.executable, "-m", "pyqwen.cli", "generate", "-m", str(tiny_gguf), "-p", "Hello", "-c", "16",
+                           "-n", "64", "--temp", "0", "-ngl", str(TEST_NGL)], capture_output=True, text=True, timeout=120,
+                          cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert f"leaves room for {room} of the 64 tokens asked" in proc.stderr
+
+
 @pytest.mark.parametrize("builtin", [False, True], ids=["tiny", "builtin"])
 def test_cli_generate(tiny_gguf, tmp_path, builtin):
     """The prompt and its greedy completion; without -m from the model shipped in the package. The CLI
