@@ -65,10 +65,11 @@ def _fit_conversation(llm, messages: list[dict], reserve: int, think: bool | Non
     the newest turn does not fit even alone."""
     head = messages[:1] if messages[0]["role"] == "system" else []
     turns = messages[len(head):]
-    while len(llm.chat_prompt_tokens(head + turns, enable_thinking=think)) + reserve > llm.n_ctx() and len(turns) > 1:
+    while True:
+        n_prompt = len(llm.chat_prompt_tokens(head + turns, enable_thinking=think))
+        if n_prompt + reserve <= llm.n_ctx() or len(turns) <= 1:
+            return head + turns if n_prompt < llm.n_ctx() else None
         turns = turns[2:]
-    fitted = head + turns
-    return fitted if len(llm.chat_prompt_tokens(fitted, enable_thinking=think)) < llm.n_ctx() else None
 
 
 def cmd_chat(args) -> int:
@@ -113,7 +114,8 @@ def build_parser() -> argparse.ArgumentParser:
     gen = sub.add_parser("generate", help="complete a prompt, streaming to stdout")
     _add_model_args(gen, model_required=False)
     gen.add_argument("-p", "--prompt", required=True, help="prompt text")
-    gen.add_argument("-n", "--n-predict", type=int, default=128, help="tokens to generate (default 128; 0 or less: until the context is full)")
+    gen.add_argument("-n", "--n-predict", type=int, default=128,
+                     help="tokens to generate (default 128; 0 or less: until the context is full)")
     gen.set_defaults(func=cmd_generate)
 
     chat = sub.add_parser("chat", help="interactive chat with the model's chat template")
