@@ -20,7 +20,7 @@ def _add_model_args(p: argparse.ArgumentParser, *, model_required: bool) -> None
     p.add_argument("-b", "--batch-size", type=int, default=512, help="prompt tokens per forward pass (default 512)")
     p.add_argument("-t", "--threads", type=int, default=None, help="CPU threads (default: all cores)")
     p.add_argument("-ngl", "--n-gpu-layers", type=int, default=0, help="layers to offload to the GPU (-1: all)")
-    p.add_argument("-s", "--seed", type=int, default=None, help="random seed")
+    p.add_argument("-s", "--seed", type=int, default=None, help="random seed (default, or -1: a fresh one each run)")
     p.add_argument("--temp", type=float, default=0.8, help="temperature; 0 is greedy (default 0.8)")
     p.add_argument("--top-k", type=int, default=40, help="top-k, 0 = off (default 40)")
     p.add_argument("--top-p", type=float, default=0.95, help="top-p, 1 = off (default 0.95)")
@@ -30,8 +30,11 @@ def _add_model_args(p: argparse.ArgumentParser, *, model_required: bool) -> None
 
 
 def _load(args):
+    from ._native import Sampling
     from .llama import Llama
 
+    # bad sampling options fail here, before a model of many GB loads (Llama checks the seed before it loads)
+    Sampling(args.temp, args.top_k, args.top_p, args.min_p, args.repeat_penalty)
     path = args.model or default_model_path()
     return Llama(path, n_ctx=args.ctx_size, n_batch=args.batch_size, n_threads=args.threads,
                  n_gpu_layers=args.n_gpu_layers, seed=args.seed, verbose=args.verbose)
@@ -51,8 +54,9 @@ def cmd_generate(args) -> int:
         if 0 < room < args.n_predict:
             print(f"(pyqwen: the context of {llm.n_ctx()} tokens (-c) leaves room for {room} of the {args.n_predict} "
                   "tokens asked)", file=sys.stderr)
+        chunks = llm.create_completion(args.prompt, max_tokens=args.n_predict, stream=True, **_sampling(args))
         sys.stdout.write(args.prompt)
-        for chunk in llm.create_completion(args.prompt, max_tokens=args.n_predict, stream=True, **_sampling(args)):
+        for chunk in chunks:
             sys.stdout.write(chunk["choices"][0]["text"])
             sys.stdout.flush()
         sys.stdout.write("\n")

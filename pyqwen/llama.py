@@ -61,6 +61,16 @@ class _Utf8Stream:
         return text
 
 
+def _check_seed(seed) -> int | None:
+    """A seed as numpy takes it: None (a fresh random one) for None or -1 (llama.cpp's "random"), else a
+    non-negative integer."""
+    if seed is None or (type(seed) is int and seed == -1):
+        return None
+    if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
+        raise ValueError(f"seed must be a non-negative integer, or None or -1 for a random one, got {seed!r}")
+    return seed
+
+
 class Llama:
     """A loaded Qwen3.5 model with one inference context.
 
@@ -81,6 +91,7 @@ class Llama:
             raise ValueError(f"n_threads must be a positive integer or None, got {n_threads!r}")
         if not isinstance(n_gpu_layers, int):
             raise ValueError(f"n_gpu_layers must be an integer (-1 = all layers), got {n_gpu_layers!r}")
+        seed = _check_seed(seed)
         self.model_path = _check_model_path(model_path)
         self.verbose = verbose
         self._model = NativeModel(self.model_path, n_gpu_layers=n_gpu_layers, n_threads=n_threads, verbose=verbose)
@@ -158,18 +169,22 @@ class Llama:
     def generate(self, tokens: Sequence[int], *, temperature: float = 0.8, top_k: int = 40, top_p: float = 0.95,
                  min_p: float = 0.05, repeat_penalty: float = 1.0, repeat_last_n: int = 64,
                  seed: int | None = None) -> Iterator[int]:
-        """Yield sampled token ids after the prompt tokens, until prompt + output fill n_ctx.
+        """Sampled token ids after the prompt tokens, until prompt + output fill n_ctx.
 
-        The state is reset first. Decoding and sampling run in the runtime (greedy as an argmax
-        inside the graph), a few tokens per call: Python passes one random number per token and
-        sees the tokens in chunks that grow from 1 to 16 (a chunk ends early at an end-of-generation
-        token), so the first token streams at once and a consumer that stops early wastes little.
+        The options and the prompt are checked at the call; the state is reset when the first id is asked
+        for. Decoding and sampling run in the runtime (greedy as an argmax inside the graph), a few tokens
+        per call: Python passes one random number per token and sees the tokens in chunks that grow from
+        1 to 16 (a chunk ends early at an end-of-generation token), so the first token streams at once and
+        a consumer that stops early wastes little.
         """
-        sampling = Sampling(temperature, top_k, top_p, min_p, repeat_penalty, repeat_last_n)
-        c_sampling = sampling.to_c()
+        c_sampling = Sampling(temperature, top_k, top_p, min_p, repeat_penalty, repeat_last_n).to_c()
+        seed = _check_seed(seed)
         rng = np.random.default_rng(seed) if seed is not None else self._rng
         prompt = list(tokens)
         self._check_prompt(prompt)
+        return self._sampled(prompt, c_sampling, rng, repeat_penalty, repeat_last_n)
+
+    def _sampled(self, prompt: list[int], c_sampling, rng, repeat_penalty: float, repeat_last_n: int) -> Iterator[int]:
         ctx = self._context
         ctx.reset()
         if len(prompt) > 1:
@@ -187,17 +202,28 @@ class Llama:
             last, chunk = int(picked[-1]), min(2 * chunk, 16)
 
     # ---- completions ----
-    def _completion_tokens(self, prompt_tokens: list[int], *, max_tokens: int | None, stop: list[str],
+    def _completion_tokens(self, prompt_tokens: list[int], *, max_tokens: int | None, stop: str | list[str] | None,
                            sampling_kwargs: dict, usage: dict) -> Iterator[tuple[str, str | None]]:
-        """Yields (text delta, finish_reason) pairs, finish_reason set on the last one; fills usage."""
-        n_ctx = self.n_ctx()
-        limit = n_ctx - len(prompt_tokens) if max_tokens is None or max_tokens <= 0 else max_tokens
+        """(text delta, finish_reason) pairs, finish_reason set on the last one; fills usage. The options are
+        checked at the call, so that a stream fails before its first chunk."""
+        if max_tokens is not None and (not isinstance(max_tokens, int) or isinstance(max_tokens, bool)):
+            raise ValueError(f"max_tokens must be an integer or None (None or <= 0: until the context is full), "
+                             f"got {max_tokens!r}")
+        stops = [stop] if isinstance(stop, str) else [] if stop is None else stop
+        if not isinstance(stops, (list, tuple)) or not all(isinstance(s, str) and s for s in stops):
+            raise ValueError(f"stop must be a non-empty string or a list of them, got {stop!r}")
+        tokens = self.generate(prompt_tokens, **sampling_kwargs)
+        limit = self.n_ctx() - len(prompt_tokens) if max_tokens is None or max_tokens <= 0 else max_tokens
+        return self._completion_pieces(tokens, len(prompt_tokens), limit, list(stops), usage)
+
+    def _completion_pieces(self, tokens: Iterator[int], n_prompt: int, limit: int, stop: list[str],
+                           usage: dict) -> Iterator[tuple[str, str | None]]:
         eog = self.tokenizer.eog_ids
         utf8 = _Utf8Stream()
         held = ""  # text that could still turn into a stop string
         n = 0
         finish, stopped_by_string = "length", False
-        for tok in self.generate(prompt_tokens, **sampling_kwargs):
+        for tok in tokens:
             if tok in eog:
                 finish = "stop"
                 break
@@ -215,12 +241,17 @@ class Llama:
                 break
         if not stopped_by_string:
             held += utf8.flush()
-        usage.update(prompt_tokens=len(prompt_tokens), completion_tokens=n, total_tokens=len(prompt_tokens) + n)
+        usage.update(prompt_tokens=n_prompt, completion_tokens=n, total_tokens=n_prompt + n)
         yield held, finish
 
     def _check_prompt(self, prompt_tokens: list[int]) -> None:
         if not prompt_tokens:
             raise ValueError("the prompt is empty")
+        n_vocab = self.n_vocab()
+        bad = next((t for t in prompt_tokens if not isinstance(t, (int, np.integer)) or not 0 <= t < n_vocab), None)
+        if bad is not None:
+            raise ValueError(f"token id {bad!r} is out of range [0, {n_vocab})" if isinstance(bad, (int, np.integer))
+                             else f"token ids are integers, got {bad!r}")
         if len(prompt_tokens) >= self.n_ctx():
             raise ContextOverflowError(f"the prompt has {len(prompt_tokens)} tokens but n_ctx={self.n_ctx()}; "
                                        "use a larger n_ctx or a shorter prompt")
@@ -234,10 +265,8 @@ class Llama:
                           stop: str | list[str] | None = None, seed: int | None = None, stream: bool = False):
         """OpenAI-shaped text completion; stream=True returns a generator of chunks."""
         prompt_tokens = list(prompt) if not isinstance(prompt, (str, bytes)) else self.tokenize(prompt)
-        self._check_prompt(prompt_tokens)
-        stops = [stop] if isinstance(stop, str) else list(stop or [])
         usage: dict = {}
-        pieces = self._completion_tokens(prompt_tokens, max_tokens=max_tokens, stop=stops, usage=usage,
+        pieces = self._completion_tokens(prompt_tokens, max_tokens=max_tokens, stop=stop, usage=usage,
                                          sampling_kwargs=self._sampling_kwargs(temperature, top_k, top_p, min_p, repeat_penalty, seed))
         cid, created = f"cmpl-{uuid.uuid4()}", int(time.time())
         model = self.model_path
@@ -273,10 +302,8 @@ class Llama:
                                enable_thinking: bool | None = None):
         """OpenAI-shaped chat completion, rendered with the chat template stored in the model."""
         prompt_tokens = self.chat_prompt_tokens(messages, enable_thinking=enable_thinking)
-        self._check_prompt(prompt_tokens)
-        stops = [stop] if isinstance(stop, str) else list(stop or [])
         usage: dict = {}
-        pieces = self._completion_tokens(prompt_tokens, max_tokens=max_tokens, stop=stops, usage=usage,
+        pieces = self._completion_tokens(prompt_tokens, max_tokens=max_tokens, stop=stop, usage=usage,
                                          sampling_kwargs=self._sampling_kwargs(temperature, top_k, top_p, min_p, repeat_penalty, seed))
         cid, created, model = f"chatcmpl-{uuid.uuid4()}", int(time.time()), self.model_path
         if stream:

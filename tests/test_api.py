@@ -141,6 +141,17 @@ def test_cli_generate_says_when_the_context_is_short(tiny_gguf, tmp_path):
     assert f"leaves room for {room} of the 64 tokens asked" in proc.stderr
 
 
+@pytest.mark.parametrize("flags, match", [(["--temp", "-1"], "temperature must be >= 0"),
+                                          (["--top-p", "0"], "top_p must be in"), (["-s", "-2"], "seed must be")])
+def test_cli_generate_checks_options_before_loading(tmp_path, flags, match):
+    """A bad sampling option or seed is reported before the model loads: a missing -m file would otherwise be
+    the error, and nothing reaches stdout."""
+    proc = subprocess.run([sys.executable, "-m", "pyqwen.cli", "generate", "-m", str(tmp_path / "missing.gguf"),
+                           "-p", "Hello"] + flags, capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert proc.returncode == 1 and proc.stdout == ""
+    assert match in proc.stderr and "not found" not in proc.stderr
+
+
 @pytest.mark.parametrize("builtin", [False, True], ids=["tiny", "builtin"])
 def test_cli_generate(tiny_gguf, tmp_path, builtin):
     """The prompt and its greedy completion; without -m from the model shipped in the package. The CLI

@@ -98,6 +98,42 @@ def test_unknown_and_bad_options(tiny_gguf):
             llm.create_completion("hi", frobnicate=True)
 
 
+@pytest.mark.parametrize("kw, match", [
+    (dict(temperature=-1.0), "temperature"), (dict(top_k=-3), "top_k"), (dict(seed=-2), "seed"),
+    (dict(seed=1.5), "seed"), (dict(max_tokens="8"), "max_tokens"), (dict(stop=5), "stop"),
+    (dict(stop=["ok", ""]), "stop"),
+])
+def test_stream_options_fail_at_the_call(tiny_gguf, kw, match):
+    """A stream checks its options when it is made, not at its first chunk (by then a CLI has printed the
+    prompt, and a server has sent its headers)."""
+    with Llama(tiny_gguf, n_ctx=64) as llm:
+        with pytest.raises(ValueError, match=match):
+            llm.create_completion("hi", stream=True, **kw)
+        with pytest.raises(ValueError, match=match):
+            llm.create_chat_completion([{"role": "user", "content": "hi"}], stream=True, **kw)
+        assert llm("hi", max_tokens=2, temperature=0.0)["usage"]["completion_tokens"] >= 1
+
+
+@pytest.mark.parametrize("prompt, match", [([1, 10**6], "token id 1000000 is out of range"),
+                                           ([1, 2.5], "token ids are integers"), ([], "empty")])
+def test_prompt_ids_fail_at_the_call(tiny_gguf, prompt, match):
+    with Llama(tiny_gguf, n_ctx=64) as llm:
+        with pytest.raises(ValueError, match=match):
+            llm.create_completion(prompt, stream=True)
+        with pytest.raises(ValueError, match=match):
+            llm.generate(prompt)
+        with pytest.raises(ValueError, match="temperature"):
+            llm.generate([1, 2], temperature=-1.0)
+
+
+def test_seed_minus_one_is_random(tiny_gguf):
+    """-1 is llama.cpp's "random seed": accepted where None is, and a fresh seed each time."""
+    kw = dict(max_tokens=12, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0)
+    with Llama(tiny_gguf, n_ctx=64, seed=-1) as llm:
+        texts = {llm("hi", seed=-1, **kw)["choices"][0]["text"] for _ in range(4)}
+    assert len(texts) > 1
+
+
 def test_closed_llama(tiny_gguf):
     llm = Llama(tiny_gguf, n_ctx=64)
     llm.close()
