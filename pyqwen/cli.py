@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import warnings
 from importlib import resources
 from pathlib import Path
 
@@ -16,7 +17,8 @@ def default_model_path() -> Path:
 def _add_model_args(p: argparse.ArgumentParser, *, model_required: bool) -> None:
     p.add_argument("-m", "--model", required=model_required,
                    help="GGUF model file" + ("" if model_required else " (default: the small model shipped with pyqwen)"))
-    p.add_argument("-c", "--ctx-size", type=int, default=4096, help="context size in tokens (default 4096)")
+    p.add_argument("-c", "--ctx-size", type=int, default=None,
+                   help="context size in tokens (default 4096, or the model's training context where that is shorter)")
     p.add_argument("-b", "--batch-size", type=int, default=512, help="prompt tokens per forward pass (default 512)")
     p.add_argument("-t", "--threads", type=int, default=None, help="CPU threads (default: all cores)")
     p.add_argument("-ngl", "--n-gpu-layers", type=int, default=0, help="layers to offload to the GPU (-1: all)")
@@ -148,6 +150,7 @@ def main(argv: list[str] | None = None) -> int:
 
         return synth_main(argv[1:])
     args = build_parser().parse_args(argv)
+    warnings.formatwarning = lambda message, *_: f"pyqwen: warning: {message}\n"  # not the Python source line
     try:
         return args.func(args)
     except (OSError, ValueError, RuntimeError) as e:

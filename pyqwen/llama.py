@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 import time
 import uuid
+import warnings
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
@@ -76,17 +77,21 @@ class Llama:
 
     >>> with Llama("model.gguf", n_ctx=2048) as llm:
     ...     print(llm("The capital of France is", max_tokens=8)["choices"][0]["text"])
+
+    n_ctx of None (the default) is 4096 tokens, or the model's training context where that is shorter; a larger
+    one than the model was trained on works, with a warning.
     """
 
     _model: NativeModel | None = None  # class defaults keep close() safe after a failed __init__
     _ctx: NativeContext | None = None
 
-    def __init__(self, model_path: str | os.PathLike, *, n_ctx: int = 4096, n_batch: int = 512,
+    def __init__(self, model_path: str | os.PathLike, *, n_ctx: int | None = None, n_batch: int = 512,
                  n_threads: int | None = None, n_gpu_layers: int = 0, seed: int | None = None,
                  verbose: bool = False, type_k: str = "f16", type_v: str = "f16"):
-        for name, value in (("n_ctx", n_ctx), ("n_batch", n_batch)):
-            if not isinstance(value, int) or value <= 0:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if n_ctx is not None and (not isinstance(n_ctx, int) or n_ctx <= 0):
+            raise ValueError(f"n_ctx must be a positive integer or None, got {n_ctx!r}")
+        if not isinstance(n_batch, int) or n_batch <= 0:
+            raise ValueError(f"n_batch must be a positive integer, got {n_batch!r}")
         if n_threads is not None and (not isinstance(n_threads, int) or n_threads <= 0):
             raise ValueError(f"n_threads must be a positive integer or None, got {n_threads!r}")
         if not isinstance(n_gpu_layers, int):
@@ -101,6 +106,12 @@ class Llama:
             if self.tokenizer.n_vocab > self._model.info.n_vocab:
                 raise ModelLoadError(f"the vocabulary ({self.tokenizer.n_vocab} tokens) is larger than the "
                                      f"embedding ({self._model.info.n_vocab} rows)")
+            n_ctx_train = self._model.info.n_ctx_train
+            if n_ctx is None:
+                n_ctx = min(4096, n_ctx_train) if n_ctx_train > 0 else 4096
+            elif n_ctx > n_ctx_train > 0:
+                warnings.warn(f"n_ctx={n_ctx} is beyond the {n_ctx_train} tokens the model was trained on: "
+                              "past them its output may degrade", stacklevel=2)
             self._ctx = NativeContext(self._model, n_ctx=n_ctx, n_batch=n_batch, type_k=type_k, type_v=type_v)
         except BaseException:
             self._model.close()

@@ -134,6 +134,18 @@ def test_seed_minus_one_is_random(tiny_gguf):
     assert len(texts) > 1
 
 
+def test_context_size_default_and_beyond_training(tiny_gguf):
+    """n_ctx None is 4096 or the training context where shorter; more than the training context warns; more than the
+    host memory holds is an error that says so, before anything is allocated."""
+    with Llama(tiny_gguf) as llm:
+        trained = llm._model.info.n_ctx_train
+        assert llm.n_ctx() == min(4096, trained)
+    with pytest.warns(UserWarning, match=f"beyond the {trained} tokens the model was trained on"):
+        Llama(tiny_gguf, n_ctx=trained + 256).close()
+    with pytest.warns(UserWarning), pytest.raises(RuntimeError, match="use a smaller n_ctx"):
+        Llama(tiny_gguf, n_ctx=2_000_000_000)
+
+
 def test_closed_llama(tiny_gguf):
     llm = Llama(tiny_gguf, n_ctx=64)
     llm.close()

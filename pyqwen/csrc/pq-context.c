@@ -2,6 +2,7 @@
 #include "pq-internal.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -22,6 +23,26 @@ static void mask_row(uint16_t * row, int64_t seen, int64_t n) {
     const ggml_fp16_t zero = ggml_fp32_to_fp16(0.0f), ninf = ggml_fp32_to_fp16(-INFINITY);
     for (int64_t j = 0; j < seen; ++j) row[j] = zero;
     for (int64_t j = seen; j < n; ++j) row[j] = ninf;
+}
+
+/* Host memory the system can give this process now (Linux's MemAvailable), or -1 where unknown. A larger
+ * allocation can succeed lazily under overcommit and get the process killed when the reset clears it. */
+static int64_t host_available_bytes(void) {
+    FILE * f = fopen("/proc/meminfo", "r");
+    if (!f) return -1;
+    char line[256];
+    long long kib = -1;
+    while (kib < 0 && fgets(line, sizeof(line), f)) {
+        if (sscanf(line, "MemAvailable: %lld kB", &kib) != 1) kib = -1;
+    }
+    fclose(f);
+    return kib < 0 ? -1 : (int64_t) kib * 1024;
+}
+
+static int64_t ctx_bytes(struct ggml_context * c) {
+    int64_t n = 0;
+    for (struct ggml_tensor * t = c ? ggml_get_first_tensor(c) : NULL; t; t = ggml_get_next_tensor(c, t)) n += ggml_nbytes(t);
+    return n;
 }
 
 static int alloc_state(struct pq_ctx * ctx) {
@@ -45,11 +66,25 @@ static int alloc_state(struct pq_ctx * ctx) {
         }
     }
     ctx->kv_seen = ggml_new_tensor_1d(attention_on_gpu ? ctx->ctx_state_gpu : ctx->ctx_state_cpu, GGML_TYPE_F16, n_cells);
+    /* the host's share: its layers' cache and states, and the attention masks of a full batch */
+    const int64_t host_need = ctx_bytes(ctx->ctx_state_cpu) + (int64_t) sizeof(uint16_t) * n_cells * ctx->params.n_batch;
+    const int64_t host_avail = host_available_bytes();
+    if (host_avail >= 0 && host_need > host_avail) {
+        const double gib = 1024.0 * 1024.0 * 1024.0;
+        return pq_fail("n_ctx=%lld needs %.1f GiB of host memory for the KV cache, states and masks, and %.1f GiB are "
+                       "available; use a smaller n_ctx%s", (long long) n_ctx, host_need / gib, host_avail / gib,
+                       m->n_gpu_layers < hp->n_layer && m->backend_gpu ? " or put more layers on the GPU (n_gpu_layers)" : "");
+    }
     ctx->buf_state_cpu = ggml_backend_alloc_ctx_tensors_from_buft(ctx->ctx_state_cpu, ggml_backend_get_default_buffer_type(m->backend_cpu));
-    if (ggml_get_first_tensor(ctx->ctx_state_cpu) && !ctx->buf_state_cpu) return pq_fail("out of host memory for the KV cache and states");
+    if (ggml_get_first_tensor(ctx->ctx_state_cpu) && !ctx->buf_state_cpu) {
+        return pq_fail("out of host memory for the KV cache and states (n_ctx=%lld); use a smaller n_ctx", (long long) n_ctx);
+    }
     if (ctx->ctx_state_gpu && ggml_get_first_tensor(ctx->ctx_state_gpu)) {
         ctx->buf_state_gpu = ggml_backend_alloc_ctx_tensors_from_buft(ctx->ctx_state_gpu, ggml_backend_get_default_buffer_type(m->backend_gpu));
-        if (!ctx->buf_state_gpu) return pq_fail("out of GPU memory for the KV cache and states (n_ctx=%lld)", (long long) n_ctx);
+        if (!ctx->buf_state_gpu) {
+            return pq_fail("out of GPU memory for the KV cache and states (%.1f GiB at n_ctx=%lld); use a smaller n_ctx",
+                           ctx_bytes(ctx->ctx_state_gpu) / (1024.0 * 1024.0 * 1024.0), (long long) n_ctx);
+        }
     }
     return 0;
 }
@@ -121,12 +156,16 @@ int pq_ctx_new(pq_model * model, const pq_ctx_params * params, pq_ctx ** out) {
     ctx->params = *params;
     const int32_t nb = params->n_batch < params->n_ctx ? params->n_batch : params->n_ctx;
     ctx->params.n_batch = nb;
+    if (alloc_state(ctx)) goto fail;
     ctx->mask_buf = malloc(sizeof(uint16_t) * (size_t) kv_span(params->n_ctx) * nb);
     ctx->seen_buf = calloc((size_t) nb, sizeof(uint16_t));
     ctx->embd_buf = malloc(sizeof(float) * (size_t) model->hp.n_embd * PQ_SHORT_PASS_TOKENS);
     ctx->pos_buf = malloc(sizeof(int32_t) * nb);
     ctx->idx_buf = malloc(sizeof(int64_t) * nb);
-    if (!ctx->mask_buf || !ctx->seen_buf || !ctx->embd_buf || !ctx->pos_buf || !ctx->idx_buf || alloc_state(ctx)) goto fail;
+    if (!ctx->mask_buf || !ctx->seen_buf || !ctx->embd_buf || !ctx->pos_buf || !ctx->idx_buf) {
+        pq_fail("out of host memory for the context's buffers (n_ctx=%d); use a smaller n_ctx", params->n_ctx);
+        goto fail;
+    }
 
     ggml_backend_t backends[2];
     int n_backends = 0;
@@ -144,7 +183,7 @@ int pq_ctx_new(pq_model * model, const pq_ctx_params * params, pq_ctx ** out) {
     if (g->gf) pin_inputs(ctx, g);
     const bool reserved = g->gf && ggml_backend_sched_reserve(ctx->sched, g->gf);
     free_graph(g);  /* reserving split it: it cannot be allocated again */
-    if (!reserved) { pq_fail("could not reserve compute buffers (out of memory?)"); goto fail; }
+    if (!reserved) { pq_fail("could not reserve the compute buffers (out of memory?); use a smaller n_ctx or n_batch"); goto fail; }
     pq_ctx_reset(ctx);
     *out = ctx;
     return 0;
