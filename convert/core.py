@@ -25,7 +25,7 @@ import numpy as np
 from gguf import GGUFValueType as VT
 
 from . import qwen35
-from .checkpoint import Checkpoint, open_checkpoint
+from .checkpoint import Checkpoint, load_config, open_checkpoint
 from .encode import FieldsReader
 from .errors import ConversionError
 from .layouts import SourceTensor, quantization_config, select_layout
@@ -84,12 +84,13 @@ def plan_model(src_dir: str | Path, outtype: str = "auto", *, mtp: bool = True) 
     for any problem found in config.json or the shard headers."""
     if outtype not in OUTTYPES:
         raise ConversionError(f"unknown outtype {outtype!r} (choose from {', '.join(OUTTYPES)})")
-    ckpt = open_checkpoint(src_dir)
-    hf_arch = hf_architecture(ckpt.config)
+    # the architecture first: a foreign model's shards (or their absence) are not worth a word
+    hf_arch = hf_architecture(load_config(Path(src_dir)))
     arch = ARCHITECTURES.get(hf_arch)
     if arch is None:
         raise ConversionError(f"unknown architecture {hf_arch!r} in config.json "
                               f"(supported: {', '.join(sorted(ARCHITECTURES))})")
+    ckpt = open_checkpoint(src_dir)
     p = arch.params_from_config(ckpt.config, hf_arch)
     notes: list[str] = []
     # vision tower etc. never reach the layout (their dtypes do not matter)

@@ -602,7 +602,7 @@ def test_cli(models, tmp_path, capsys):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m.gguf", "q.gguf"]
 
 
-def test_cli_subprocess_error(models, tmp_path):
+def test_cli_subprocess_error(models, tmp_path, capsys):
     d = _copy(models, tmp_path)
     _bad_arch(d)
     p = subprocess.run([sys.executable, "-m", "pyqwen.convert", str(d), "-o", str(tmp_path / "x.gguf")],
@@ -610,3 +610,7 @@ def test_cli_subprocess_error(models, tmp_path):
     assert p.returncode == 1
     assert p.stderr.startswith("pyqwen-convert: error: unknown architecture 'LlamaForCausalLM'")
     assert "Traceback" not in p.stderr
+    for shard in d.glob("*.safetensors"):  # said before anything about the shards
+        shard.unlink()
+    assert convert_main([str(d), "-o", str(tmp_path / "x.gguf")]) == 1
+    assert "unknown architecture 'LlamaForCausalLM'" in capsys.readouterr().err
