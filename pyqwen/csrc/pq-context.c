@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 static bool cache_type_ok(int32_t t) {
     return t == PQ_CACHE_F32 || t == PQ_CACHE_F16 || t == PQ_CACHE_Q8_0 || t == PQ_CACHE_Q4_0;
@@ -25,18 +26,19 @@ static void mask_row(uint16_t * row, int64_t seen, int64_t n) {
     for (int64_t j = seen; j < n; ++j) row[j] = ninf;
 }
 
-/* Host memory the system can give this process now (Linux's MemAvailable), or -1 where unknown. A larger
- * allocation can succeed lazily under overcommit and get the process killed when the reset clears it. */
+/* Host memory the system can give this process now: Linux's MemAvailable, elsewhere the physical memory. A
+ * larger allocation can succeed lazily under overcommit and get the process killed when the reset clears it. */
 static int64_t host_available_bytes(void) {
-    FILE * f = fopen("/proc/meminfo", "r");
-    if (!f) return -1;
-    char line[256];
     long long kib = -1;
-    while (kib < 0 && fgets(line, sizeof(line), f)) {
-        if (sscanf(line, "MemAvailable: %lld kB", &kib) != 1) kib = -1;
+    FILE * f = fopen("/proc/meminfo", "r");
+    if (f) {
+        char line[256];
+        while (kib < 0 && fgets(line, sizeof(line), f)) {
+            if (sscanf(line, "MemAvailable: %lld kB", &kib) != 1) kib = -1;
+        }
+        fclose(f);
     }
-    fclose(f);
-    return kib < 0 ? -1 : (int64_t) kib * 1024;
+    return kib >= 0 ? (int64_t) kib * 1024 : (int64_t) sysconf(_SC_PHYS_PAGES) * sysconf(_SC_PAGESIZE);
 }
 
 static int64_t ctx_bytes(struct ggml_context * c) {
@@ -69,7 +71,7 @@ static int alloc_state(struct pq_ctx * ctx) {
     /* the host's share: its layers' cache and states, and the attention masks of a full batch */
     const int64_t host_need = ctx_bytes(ctx->ctx_state_cpu) + (int64_t) sizeof(uint16_t) * n_cells * ctx->params.n_batch;
     const int64_t host_avail = host_available_bytes();
-    if (host_avail >= 0 && host_need > host_avail) {
+    if (host_avail > 0 && host_need > host_avail) {
         const double gib = 1024.0 * 1024.0 * 1024.0;
         return pq_fail("n_ctx=%lld needs %.1f GiB of host memory for the KV cache, states and masks, and %.1f GiB are "
                        "available; use a smaller n_ctx%s", (long long) n_ctx, host_need / gib, host_avail / gib,
