@@ -4,6 +4,10 @@
 // place of the model. Per variant: the host's enqueue time (uploads + launch) and the pass's wall
 // time above the spin, medians of 2000 passes. Variants: the staging buffers in pageable memory (as
 // pq-context.c has them), in pinned memory, and pinned with the four uploads in one copy.
+// Then the same passes driven by the device: the token stays there, a small kernel gathers its embedding
+// row from the table in host memory through a mapped pointer (zero-copy; the table stays on the host, as
+// pq-model.c keeps it) and advances the position, and the host enqueues K passes before it reads their
+// tokens back: the pass's wall time above the spin, for K = 1, 4 and 16.
 //   nvcc -std=c++17 -O3 -arch=sm_90 bench/host_inputs_bench.cu -o /tmp/host_inputs_bench
 #include <cuda_runtime.h>
 #include <algorithm>
@@ -32,6 +36,36 @@ __global__ void pass_kernel(const unsigned char * in, int * token, unsigned long
     for (size_t i = 0; i < TOTAL; i += 4096) acc += in[i];
     while (now_ns() - t0 < spin_ns) {}
     *token = acc;
+}
+
+// the device loop's table: 9B's vocabulary, a Q4_0 row of 4096 a token
+static const int N_VOCAB = 248320, ROW_BYTES = 2304, MAX_K = 16;
+
+// gathers the token's row from the host-mapped table (its bytes as floats, standing in for the dequantization)
+// and advances the position
+__global__ void advance_kernel(const unsigned char * table, const int * token, float * embd, int * pos) {
+    const uint4 * row = (const uint4 *) (table + (size_t) *token * ROW_BYTES);
+    for (int i = threadIdx.x; i < ROW_BYTES / 16; i += blockDim.x) {
+        const uint4 v = row[i];
+        const unsigned char * b = (const unsigned char *) &v;
+        for (int j = 0; j < 16; ++j) embd[i * 16 + j] = b[j];
+    }
+    if (threadIdx.x == 0) ++*pos;
+}
+
+// the model's stand-in in the device loop: the next token from the row and the position, kept in out[] too
+__global__ void loop_pass_kernel(const float * embd, const int * pos, int * token, int * out, int k, unsigned long long spin_ns) {
+    const unsigned long long t0 = now_ns();
+    const int s = (int) (embd[0] + embd[777] + embd[ROW_BYTES - 1]);
+    while (now_ns() - t0 < spin_ns) {}
+    const int t = (int) (((long long) s * 131 + (long long) *pos * 7919) % N_VOCAB);
+    *token = t;
+    out[(*pos - 1) % k] = t;
+}
+
+static int next_token(const unsigned char * table, int token, int pos) {
+    const unsigned char * row = table + (size_t) token * ROW_BYTES;
+    return (int) (((long long) (row[0] + row[777] + row[ROW_BYTES - 1]) * 131 + (long long) pos * 7919) % N_VOCAB);
 }
 
 static double median(std::vector<double> v) {
@@ -102,5 +136,58 @@ int main() {
         }
     }
     printf("ok: every pass read back its inputs\n");
+
+    // the device loop
+    const size_t table_bytes = (size_t) N_VOCAB * ROW_BYTES;  // a multiple of the page size
+    unsigned char * table = (unsigned char *) aligned_alloc(4096, table_bytes);
+    uint32_t x = 1;
+    for (size_t i = 0; i < table_bytes; ++i) table[i] = (unsigned char) ((x = x * 1664525u + 1013904223u) >> 24);
+    if (cudaHostRegister(table, table_bytes, cudaHostRegisterMapped | cudaHostRegisterReadOnly) != cudaSuccess) {
+        (void) cudaGetLastError();  // read-only registration is not everywhere
+        CHECK(cudaHostRegister(table, table_bytes, cudaHostRegisterMapped));
+    }
+    unsigned char * d_table;
+    CHECK(cudaHostGetDevicePointer((void **) &d_table, table, 0));
+    float * d_embd;
+    int * d_pos, * d_out;
+    CHECK(cudaMalloc(&d_embd, ROW_BYTES * sizeof(float)));
+    CHECK(cudaMalloc(&d_pos, sizeof(int)));
+    CHECK(cudaMalloc(&d_out, MAX_K * sizeof(int)));
+    printf("\n| device loop, K passes a read-back | wall - spin us a pass (median) |\n|---|---:|\n");
+    for (int round = 0; round < 2; ++round) {
+        for (int k : {1, 4, 16}) {
+            cudaGraph_t lg;
+            cudaGraphExec_t lexec;
+            CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeRelaxed));
+            advance_kernel<<<1, 160, 0, stream>>>(d_table, d_token, d_embd, d_pos);
+            loop_pass_kernel<<<1, 1, 0, stream>>>(d_embd, d_pos, d_token, d_out, k, spin_ns);
+            CHECK(cudaStreamEndCapture(stream, &lg));
+            CHECK(cudaGraphInstantiate(&lexec, lg, 0));
+            int token = 12345, pos = 0, out[MAX_K];
+            CHECK(cudaMemcpy(d_token, &token, sizeof(int), cudaMemcpyHostToDevice));
+            CHECK(cudaMemcpy(d_pos, &pos, sizeof(int), cudaMemcpyHostToDevice));
+            std::vector<double> over;
+            for (int b = 0; b < (passes + 50) / k; ++b) {
+                const auto t0 = std::chrono::steady_clock::now();
+                for (int i = 0; i < k; ++i) CHECK(cudaGraphLaunch(lexec, stream));
+                CHECK(cudaMemcpyAsync(out, d_out, k * sizeof(int), cudaMemcpyDeviceToHost, stream));
+                CHECK(cudaStreamSynchronize(stream));
+                const auto t1 = std::chrono::steady_clock::now();
+                for (int i = 0; i < k; ++i) {
+                    token = next_token(table, token, ++pos);
+                    if (out[(pos - 1) % k] != token) {
+                        fprintf(stderr, "FAIL: device loop K=%d pass %d: token %d, expected %d\n", k, pos, out[(pos - 1) % k], token);
+                        return 1;
+                    }
+                }
+                if (b * k < 50) continue;  // warm-up
+                over.push_back((std::chrono::duration<double, std::micro>(t1 - t0).count() - k * (spin_ns / 1000.0)) / k);
+            }
+            printf("| K = %d (round %d) | %.2f |\n", k, round + 1, median(over));
+            CHECK(cudaGraphExecDestroy(lexec));
+            CHECK(cudaGraphDestroy(lg));
+        }
+    }
+    printf("ok: every device-loop token matched the host's\n");
     return 0;
 }
