@@ -115,6 +115,18 @@ class NativeModel:
             self._ptr = None
 
 
+def check_token_ids(tokens, n_vocab: int) -> np.ndarray:
+    """tokens as an int64 array; ValueError for ids that are not integers or not in [0, n_vocab)."""
+    ids = np.asarray(tokens)
+    if ids.size and ids.dtype.kind not in "iu":
+        raise ValueError(f"token ids are integers, got {ids.dtype} values")
+    ids = ids.astype(np.int64)
+    if ids.size and (ids.min() < 0 or ids.max() >= n_vocab):
+        bad = int(ids[(ids < 0) | (ids >= n_vocab)][0])
+        raise ValueError(f"token id {bad} is out of range [0, {n_vocab})")
+    return ids
+
+
 class NativeContext:
     def __init__(self, model: NativeModel, *, n_ctx: int, n_batch: int, type_k: str, type_v: str):
         for name, t in (("type_k", type_k), ("type_v", type_v)):
@@ -153,9 +165,7 @@ class NativeContext:
         return Timings(t.n_passes, t.host_us, t.wait_us)
 
     def _check(self, tokens: np.ndarray) -> None:
-        if tokens.size and (tokens.min() < 0 or tokens.max() >= self.n_vocab):
-            bad = int(tokens[(tokens < 0) | (tokens >= self.n_vocab)][0])
-            raise ValueError(f"token id {bad} is out of range [0, {self.n_vocab})")
+        check_token_ids(tokens, self.n_vocab)
         if self.n_past + tokens.size > self.n_ctx:
             raise ContextOverflowError(
                 f"{self.n_past} tokens in the context + {tokens.size} new exceed n_ctx={self.n_ctx}; "
@@ -163,10 +173,11 @@ class NativeContext:
 
     def eval(self, tokens, *, logits: str = "last") -> np.ndarray | None:
         """Feed tokens; logits='all' returns [n, n_vocab], 'last' returns [n_vocab], 'none' None."""
-        toks = np.ascontiguousarray(np.asarray(tokens, dtype=np.int64)).astype(np.int32)
-        if toks.ndim != 1 or toks.size == 0:
+        ids = check_token_ids(tokens, self.n_vocab)
+        if ids.ndim != 1 or ids.size == 0:
             raise ValueError("expected a non-empty 1-D sequence of token ids")
-        self._check(toks.astype(np.int64))
+        self._check(ids)
+        toks = np.ascontiguousarray(ids, dtype=np.int32)
         out = None
         if logits == "all":
             out = np.empty((toks.size, self.n_vocab), dtype=np.float32)

@@ -10,7 +10,7 @@ from typing import Any, Iterator, Sequence
 
 import numpy as np
 
-from ._native import ContextOverflowError, ModelLoadError, NativeContext, NativeModel, Sampling
+from ._native import ContextOverflowError, ModelLoadError, NativeContext, NativeModel, Sampling, check_token_ids
 from .chat import render_chat
 from .gguf_header import read_header
 from .tokenizer import Tokenizer
@@ -258,11 +258,7 @@ class Llama:
     def _check_prompt(self, prompt_tokens: list[int]) -> None:
         if not prompt_tokens:
             raise ValueError("the prompt is empty")
-        n_vocab = self.n_vocab()
-        bad = next((t for t in prompt_tokens if not isinstance(t, (int, np.integer)) or not 0 <= t < n_vocab), None)
-        if bad is not None:
-            raise ValueError(f"token id {bad!r} is out of range [0, {n_vocab})" if isinstance(bad, (int, np.integer))
-                             else f"token ids are integers, got {bad!r}")
+        check_token_ids(prompt_tokens, self.n_vocab())
         if len(prompt_tokens) >= self.n_ctx():
             raise ContextOverflowError(f"the prompt has {len(prompt_tokens)} tokens but n_ctx={self.n_ctx()}; "
                                        "use a larger n_ctx or a shorter prompt")
