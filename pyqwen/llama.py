@@ -62,6 +62,9 @@ class _Utf8Stream:
         return text
 
 
+DEFAULT_N_CTX = 4096  # n_ctx of None: this, or the model's training context where that is shorter
+
+
 def _check_seed(seed) -> int | None:
     """A seed as numpy takes it: None (a fresh random one) for None or -1 (llama.cpp's "random"), else a
     non-negative integer."""
@@ -78,8 +81,8 @@ class Llama:
     >>> with Llama("model.gguf", n_ctx=2048) as llm:
     ...     print(llm("The capital of France is", max_tokens=8)["choices"][0]["text"])
 
-    n_ctx of None (the default) is 4096 tokens, or the model's training context where that is shorter; a larger
-    one than the model was trained on works, with a warning.
+    n_ctx of None (the default) is DEFAULT_N_CTX tokens, or the model's training context where that is shorter; a
+    larger one than the model was trained on works, with a warning.
     """
 
     _model: NativeModel | None = None  # class defaults keep close() safe after a failed __init__
@@ -108,7 +111,7 @@ class Llama:
                                      f"embedding ({self._model.info.n_vocab} rows)")
             n_ctx_train = self._model.info.n_ctx_train
             if n_ctx is None:
-                n_ctx = min(4096, n_ctx_train) if n_ctx_train > 0 else 4096
+                n_ctx = min(DEFAULT_N_CTX, n_ctx_train) if n_ctx_train > 0 else DEFAULT_N_CTX
             elif n_ctx > n_ctx_train > 0:
                 warnings.warn(f"n_ctx={n_ctx} is beyond the {n_ctx_train} tokens the model was trained on: "
                               "past them its output may degrade", stacklevel=2)
