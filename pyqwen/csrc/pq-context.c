@@ -1,6 +1,10 @@
 /* Inference state (KV cache, conv and recurrent states), the current graph, evaluation. */
 #include "pq-internal.h"
 
+#ifdef PYQWEN_WITH_CUDA
+#include "ggml-cuda.h"
+#endif
+
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -186,6 +190,16 @@ int pq_ctx_new(pq_model * model, const pq_ctx_params * params, pq_ctx ** out) {
     const bool reserved = g->gf && ggml_backend_sched_reserve(ctx->sched, g->gf);
     free_graph(g);  /* reserving split it: it cannot be allocated again */
     if (!reserved) { pq_fail("could not reserve the compute buffers (out of memory?); use a smaller n_ctx or n_batch"); goto fail; }
+#ifdef PYQWEN_WITH_CUDA
+    if (model->decode_pipeline) {
+        ggml_backend_dev_t dev = ggml_backend_get_device(model->backend_gpu);
+        ctx->token_slots_buf = ggml_backend_buft_alloc_buffer(ggml_backend_cuda_host_buffer_type(), 2 * sizeof(int32_t));
+        ctx->pass_done[0] = ggml_backend_event_new(dev);
+        ctx->pass_done[1] = ggml_backend_event_new(dev);
+        if (!ctx->token_slots_buf || !ctx->pass_done[0] || !ctx->pass_done[1]) { pq_fail("could not create the decode pipeline's events"); goto fail; }
+        ctx->token_slots = ggml_backend_buffer_get_base(ctx->token_slots_buf);
+    }
+#endif
     pq_ctx_reset(ctx);
     *out = ctx;
     return 0;
@@ -198,6 +212,10 @@ void pq_ctx_free(pq_ctx * ctx) {
     if (!ctx) return;
     free_graph(&ctx->graph);
     if (ctx->sched) ggml_backend_sched_free(ctx->sched);
+    for (int i = 0; i < 2; ++i) {
+        if (ctx->pass_done[i]) ggml_backend_event_free(ctx->pass_done[i]);
+    }
+    if (ctx->token_slots_buf) ggml_backend_buffer_free(ctx->token_slots_buf);
     if (ctx->buf_state_cpu) ggml_backend_buffer_free(ctx->buf_state_cpu);
     if (ctx->buf_state_gpu) ggml_backend_buffer_free(ctx->buf_state_gpu);
     if (ctx->ctx_state_cpu) ggml_free(ctx->ctx_state_cpu);
@@ -256,13 +274,9 @@ static void embed_rows(struct pq_ctx * ctx, const int32_t * tokens, int32_t n) {
     }
 }
 
-/* One forward pass of n tokens (n <= n_batch) at the current position. */
-static int run_pass(struct pq_ctx * ctx, const int32_t * tokens, int32_t n, int32_t out_mode, void * out) {
-    const int64_t t_start = ggml_time_us();
-    const int32_t n_past = ctx->n_past;
-    const int32_t n_kv = kv_span(n_past + n);
-    struct pq_graph * g = get_graph(ctx, n, n_kv, out_mode);
-    if (!g) return -1;
+/* A pass's inputs but its tokens: positions, cache cells, kv_seen, mask, the sampler's settings. */
+static void set_pass_inputs(struct pq_ctx * ctx, const struct pq_graph * g, int32_t n) {
+    const int32_t n_past = ctx->n_past, n_kv = g->n_kv;
     /* the cells this pass writes become visible in kv_seen (0 is fp16 zero's bit pattern) */
     set_input(ctx, ctx->kv_seen, ctx->seen_buf, sizeof(ggml_fp16_t) * (size_t) n_past, sizeof(ggml_fp16_t) * (size_t) n);
     for (int32_t i = 0; i < n; ++i) {
@@ -271,12 +285,6 @@ static int run_pass(struct pq_ctx * ctx, const int32_t * tokens, int32_t n, int3
         /* causal: row i sees cells 0 ..= n_past + i */
         if (g->inp_mask) mask_row(ctx->mask_buf + (size_t) i * n_kv, n_past + i + 1, n_kv);
     }
-    if (g->inp_embd) {
-        embed_rows(ctx, tokens, n);
-        set_input(ctx, g->inp_embd, ctx->embd_buf, 0, ggml_nbytes(g->inp_embd));
-    } else {
-        set_input(ctx, g->inp_tokens, tokens, 0, sizeof(int32_t) * n);
-    }
     set_input(ctx, g->inp_pos, ctx->pos_buf, 0, sizeof(int32_t) * n);
     set_input(ctx, g->inp_kv_idx, ctx->idx_buf, 0, sizeof(int64_t) * n);
     if (g->inp_mask) set_input(ctx, g->inp_mask, ctx->mask_buf, 0, sizeof(uint16_t) * (size_t) n * n_kv);
@@ -284,6 +292,25 @@ static int run_pass(struct pq_ctx * ctx, const int32_t * tokens, int32_t n, int3
         set_input(ctx, g->inp_sampler, ctx->sampler_buf, 0, sizeof(ctx->sampler_buf));
         set_input(ctx, g->inp_history, ctx->history_buf, 0, sizeof(ctx->history_buf));
     }
+}
+
+/* The embedding rows of tokens (host ids) as a pass's input. */
+static void set_token_inputs(struct pq_ctx * ctx, const struct pq_graph * g, const int32_t * tokens, int32_t n) {
+    if (g->inp_embd) {
+        embed_rows(ctx, tokens, n);
+        set_input(ctx, g->inp_embd, ctx->embd_buf, 0, ggml_nbytes(g->inp_embd));
+    } else {
+        set_input(ctx, g->inp_tokens, tokens, 0, sizeof(int32_t) * n);
+    }
+}
+
+/* One forward pass of n tokens (n <= n_batch) at the current position. */
+static int run_pass(struct pq_ctx * ctx, const int32_t * tokens, int32_t n, int32_t out_mode, void * out) {
+    const int64_t t_start = ggml_time_us();
+    struct pq_graph * g = get_graph(ctx, n, kv_span(ctx->n_past + n), out_mode);
+    if (!g) return -1;
+    set_pass_inputs(ctx, g, n);
+    set_token_inputs(ctx, g, tokens, n);
     if (ggml_backend_sched_graph_compute_async(ctx->sched, g->gf) != GGML_STATUS_SUCCESS) {
         return pq_fail("the backend failed to compute the graph");
     }
@@ -330,6 +357,70 @@ int pq_ctx_eval(pq_ctx * ctx, const int32_t * tokens, int32_t n_tokens, int32_t 
     return 0;
 }
 
+#ifdef PYQWEN_WITH_CUDA
+/* Queues a one-token pass without waiting for it: its embedding from the host token `token`, or where that is NULL
+ * gathered on the GPU from the token of the pass queued before (whose graph this pass must share); its token lands
+ * in token_slots[slot], and pass_done[slot] marks it. */
+static int queue_pass(struct pq_ctx * ctx, const int32_t * token, int32_t out_mode, int slot) {
+    const int64_t t_start = ggml_time_us();
+    struct pq_graph * g = get_graph(ctx, 1, kv_span(ctx->n_past + 1), out_mode);
+    if (!g) return -1;
+    if (token) {
+        set_token_inputs(ctx, g, token, 1);
+    } else {
+        ggml_backend_cuda_pyqwen_embed_token(ctx->model->backend_gpu, ctx->model->tok_embd, g->out, g->inp_embd);
+    }
+    set_pass_inputs(ctx, g, 1);
+    if (ggml_backend_sched_graph_compute_async(ctx->sched, g->gf) != GGML_STATUS_SUCCESS) {
+        return pq_fail("the backend failed to compute the graph");
+    }
+    ggml_backend_tensor_get_async(ctx->model->backend_gpu, g->out, &ctx->token_slots[slot], 0, sizeof(int32_t));
+    ggml_backend_event_record(ctx->pass_done[slot], ctx->model->backend_gpu);
+    ctx->n_past += 1;
+    ctx->timings.n_passes += 1;
+    ctx->timings.host_us += ggml_time_us() - t_start;
+    return 0;
+}
+
+static int32_t take_token(struct pq_ctx * ctx, int slot) {
+    const int64_t t_start = ggml_time_us();
+    ggml_backend_event_synchronize(ctx->pass_done[slot]);
+    ctx->timings.wait_us += ggml_time_us() - t_start;
+    return ctx->token_slots[slot];
+}
+
+/* pq_ctx_generate with one pass queued ahead (struct pq_model.decode_pipeline): pass i+1 is queued, its embedding
+ * gathered on the GPU from pass i's token, before the host waits for that token, so the GPU does not wait on the
+ * host. Where the next pass needs a new graph (the attended span grows every PQ_KV_PAD cells) it is queued after
+ * the wait, from the host. When pass i's token is a stop token, pass i+1 has fed it already: the context then
+ * holds the stop token too (n_past counts it), as a conversation continued after it needs. */
+static int32_t generate_pipelined(pq_ctx * ctx, int32_t token, int32_t n_steps, const pq_sampling * s, bool greedy,
+                                  const float * uniforms, const int32_t * stop, int32_t n_stop, int32_t * out_tokens) {
+    const int32_t mode = greedy ? PQ_OUT_ARGMAX : PQ_OUT_SAMPLE;
+    for (int32_t j = 0; j < PQ_HISTORY; ++j) ctx->history_buf[j] = -1;  /* no repetition window here */
+    if (!greedy) pq_sampler_params(s, uniforms[0], ctx->sampler_buf);
+    if (queue_pass(ctx, &token, mode, 0)) return -1;
+    for (int32_t i = 0; i < n_steps; ++i) {
+        const bool ahead = i + 1 < n_steps && kv_span(ctx->n_past + 1) == ctx->graph.n_kv;
+        if (ahead) {
+            if (!greedy) pq_sampler_params(s, uniforms[i + 1], ctx->sampler_buf);
+            if (queue_pass(ctx, NULL, mode, (i + 1) % 2)) return -1;
+        }
+        out_tokens[i] = take_token(ctx, i % 2);
+        for (int32_t j = 0; j < n_stop; ++j) {
+            if (out_tokens[i] != stop[j]) continue;
+            if (ahead) take_token(ctx, (i + 1) % 2);  /* nothing in flight once this returns */
+            return i + 1;
+        }
+        if (!ahead && i + 1 < n_steps) {
+            if (!greedy) pq_sampler_params(s, uniforms[i + 1], ctx->sampler_buf);
+            if (queue_pass(ctx, &out_tokens[i], mode, (i + 1) % 2)) return -1;
+        }
+    }
+    return n_steps;
+}
+#endif
+
 int32_t pq_ctx_generate(pq_ctx * ctx, int32_t token, int32_t n_steps, const pq_sampling * s,
                         const int32_t * history, int32_t n_history, const float * uniforms,
                         const int32_t * stop, int32_t n_stop, int32_t * out_tokens) {
@@ -345,6 +436,11 @@ int32_t pq_ctx_generate(pq_ctx * ctx, int32_t token, int32_t n_steps, const pq_s
         window = s->repeat_penalty == 1.0f ? 0 : (s->repeat_last_n > 0 ? s->repeat_last_n : PQ_HISTORY);
         if (window > PQ_HISTORY) window = PQ_HISTORY;
     }
+#ifdef PYQWEN_WITH_CUDA
+    if (ctx->model->decode_pipeline && window == 0) {
+        return generate_pipelined(ctx, token, n_steps, s, greedy, uniforms, stop, n_stop, out_tokens);
+    }
+#endif
     for (int32_t i = 0; i < n_steps; ++i) {
         if (!greedy) {
             pq_sampler_params(s, uniforms[i], ctx->sampler_buf);

@@ -96,6 +96,9 @@ struct pq_model {
     int32_t n_threads;
     int32_t n_gpu_layers;
     bool    output_on_gpu;
+    /* pq-context.c's pipelined decode: the GPU gathers a decode pass's embedding row from the token the pass
+     * before wrote (ggml-patches 0010), the table pinned in host memory */
+    bool    decode_pipeline;
 
     struct ggml_context * ctx_cpu;   /* tensor metadata, per placement */
     struct ggml_context * ctx_gpu;
@@ -160,6 +163,11 @@ struct pq_ctx {
     struct pq_graph graph;
 
     pq_ctx_timings timings;
+
+    /* the pipelined decode's two passes in flight: each one's token (pinned host memory) and completion */
+    ggml_backend_buffer_t token_slots_buf;
+    int32_t * token_slots;
+    ggml_backend_event_t pass_done[2];
 
     /* host scratch */
     uint16_t * mask_buf;     /* ggml_fp16_t */

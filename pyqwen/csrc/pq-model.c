@@ -313,6 +313,19 @@ static int init_backends(struct pq_model * m, const pq_model_params * p) {
     return 0;
 }
 
+/* The host's weights (with every layer and the output on the GPU: the token embeddings only) go to pinned
+ * memory there, which the GPU reads as well: pq-context.c's pipelined decode gathers each pass's row from it.
+ * PYQWEN_DECODE_PIPELINE=0 keeps them in ordinary memory, and every decode pass a round trip. */
+static ggml_backend_buffer_type_t cpu_weight_buffer_type(const struct pq_model * m) {
+#ifdef PYQWEN_WITH_CUDA
+    const char * pipeline = getenv("PYQWEN_DECODE_PIPELINE");
+    if (m->backend_gpu && m->n_gpu_layers == m->hp.n_layer && m->output_on_gpu && !(pipeline && strcmp(pipeline, "0") == 0)) {
+        return ggml_backend_cuda_host_buffer_type();
+    }
+#endif
+    return ggml_backend_get_default_buffer_type(m->backend_cpu);
+}
+
 /* The GPU weights go to the interleaved buffer type: Q4_0/Q8_0/Q4_K/Q6_K/W4A8 matrices re-laid out once for
  * the skinny GEMV of ggml-patches 0006, with its prologue fusions (other tensors are stored as in
  * ggml's CUDA buffer). PYQWEN_GEMV=upstream keeps ggml's layout and kernels, for comparisons. */
@@ -439,7 +452,7 @@ int pq_model_load(const char * path, const pq_model_params * params, pq_model **
         m->output = m->tok_embd;   /* tied embeddings */
     }
 
-    m->buf_cpu = ggml_backend_alloc_ctx_tensors_from_buft(m->ctx_cpu, ggml_backend_get_default_buffer_type(m->backend_cpu));
+    m->buf_cpu = ggml_backend_alloc_ctx_tensors_from_buft(m->ctx_cpu, cpu_weight_buffer_type(m));
     if (!m->buf_cpu) { pq_fail("out of host memory for the weights"); goto done; }
     ggml_backend_buffer_set_usage(m->buf_cpu, GGML_BACKEND_BUFFER_USAGE_WEIGHTS);
     if (m->ctx_gpu && ggml_get_first_tensor(m->ctx_gpu)) {
@@ -454,6 +467,9 @@ int pq_model_load(const char * path, const pq_model_params * params, pq_model **
         const int64_t ti = gguf_find_tensor(g, r->name);
         if (read_tensor_data(f, data_offset + gguf_get_tensor_offset(g, ti), g, r, &scratch, &scratch_size)) goto done;
     }
+#ifdef PYQWEN_WITH_CUDA
+    m->decode_pipeline = m->backend_gpu && ggml_backend_cuda_pyqwen_embed_supported(m->tok_embd);
+#endif
     rc = 0;
 
 done:
