@@ -14,9 +14,13 @@ bool ggml_backend_cuda_pyqwen_embed_supported(const struct ggml_tensor * table) 
            ggml_is_contiguous(table) && table->nb[1] % 16 == 0 && (uintptr_t) table->data % 16 == 0;
 }
 
-// dst = the bytes of row *token of the table (nb1 bytes a row, a multiple of 16)
+// dst = the bytes of row *token of the table (nb1 bytes a row, a multiple of 16). The token is read before any
+// thread writes: the graph's allocator may have placed the token (an output) where dst (a spent input) was.
 static __global__ void pyqwen_embed_copy_row(const char * table, const int32_t * token, const int64_t nb1, char * dst) {
-    const int4 * row = (const int4 *) (table + (int64_t) *token * nb1);
+    __shared__ int32_t id;
+    if (threadIdx.x == 0) id = *token;
+    __syncthreads();
+    const int4 * row = (const int4 *) (table + (int64_t) id * nb1);
     for (int64_t i = threadIdx.x; i < nb1 / 16; i += blockDim.x) {
         ((int4 *) dst)[i] = row[i];
     }
