@@ -313,13 +313,14 @@ static int init_backends(struct pq_model * m, const pq_model_params * p) {
     return 0;
 }
 
-/* The host's weights (with every layer and the output on the GPU: the token embeddings only) go to pinned
+/* The host's weights (with every layer and an untied output on the GPU: the token embeddings only) go to pinned
  * memory there, which the GPU reads as well: pq-context.c's pipelined decode gathers each pass's row from it.
  * PYQWEN_DECODE_PIPELINE=0 keeps them in ordinary memory, and every decode pass a round trip. */
 static ggml_backend_buffer_type_t cpu_weight_buffer_type(const struct pq_model * m) {
 #ifdef PYQWEN_WITH_CUDA
     const char * pipeline = getenv("PYQWEN_DECODE_PIPELINE");
-    if (m->backend_gpu && m->n_gpu_layers == m->hp.n_layer && m->output_on_gpu && !(pipeline && strcmp(pipeline, "0") == 0)) {
+    const bool output_on_gpu = m->output_on_gpu && m->output != m->tok_embd;   /* a tied output stays on the host */
+    if (m->backend_gpu && m->n_gpu_layers == m->hp.n_layer && output_on_gpu && !(pipeline && strcmp(pipeline, "0") == 0)) {
         return ggml_backend_cuda_host_buffer_type();
     }
 #endif
