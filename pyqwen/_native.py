@@ -192,8 +192,9 @@ class NativeContext:
     def generate(self, token: int, n_steps: int, c_sampling, history: np.ndarray, uniforms: np.ndarray,
                  stop: np.ndarray) -> np.ndarray:
         """Feed `token`, then decode up to n_steps tokens in the runtime (one call, no Python per
-        token); stops after a token in `stop`. c_sampling from Sampling.to_c(); uniforms: n_steps
-        float32 draws in [0, 1). Returns the picked tokens."""
+        token); stops after a token in `stop`, or one token later where the pipelined CUDA decode had fed
+        it already (pq_ctx_generate). c_sampling from Sampling.to_c(); uniforms: n_steps float32 draws in
+        [0, 1). Returns the picked tokens; all but the last have been fed."""
         self._check(np.array([token]))
         if self.n_past + n_steps > self.n_ctx:
             raise ContextOverflowError(f"{self.n_past} tokens in the context + {n_steps} steps exceed n_ctx={self.n_ctx}")

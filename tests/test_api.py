@@ -195,6 +195,33 @@ def test_gpu_decode_matches_cpu():
         model.close()
 
 
+def test_generate_stops_and_continues():
+    """A decode call ends at a stop token, or one token later where the pipelined CUDA decode had fed the stop
+    token already; either way every token returned but the last has been fed, so a call fed with the last one
+    continues the greedy sequence unchanged (the pipeline once fed the stop token twice)."""
+    from pyqwen._native import NativeContext, NativeModel, Sampling
+
+    with Llama(default_model_path(), n_ctx=256, n_gpu_layers=0) as cpu:
+        prompt = cpu.tokenize("def fibonacci(n):")
+        new = [t for t, _ in zip(cpu.generate(prompt, temperature=0.0), range(10))]
+    k = next(i for i in range(3, len(new)) if new[i] not in new[:i])
+    greedy, none = Sampling(temperature=0.0).to_c(), np.array([], dtype=np.int32)
+    model = NativeModel(str(default_model_path()), n_gpu_layers=TEST_NGL, n_threads=None, verbose=False)
+    ctx = NativeContext(model, n_ctx=256, n_batch=512, type_k="f16", type_v="f16")
+    try:
+        ctx.eval(np.array(prompt[:-1]), logits="none")
+        picked = ctx.generate(prompt[-1], len(new), greedy, none, np.full(len(new), 0.5, np.float32),
+                              np.array([new[k]], dtype=np.int32)).tolist()
+        assert len(picked) in (k + 1, k + 2) and picked == new[:len(picked)]
+        assert ctx.n_past == len(prompt) - 1 + len(picked)
+        n_rest = len(new) - len(picked)
+        rest = ctx.generate(picked[-1], n_rest, greedy, none, np.full(n_rest, 0.5, np.float32), none).tolist()
+        assert picked + rest == new
+    finally:
+        ctx.close()
+        model.close()
+
+
 def test_in_graph_sampler_matches_host_sampler(llm):
     """generate() samples inside the graph (ggml_pyqwen_sample); replaying the same draws through
     the host entry point over full-recompute logits gives the same tokens."""

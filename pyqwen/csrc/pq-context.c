@@ -392,8 +392,10 @@ static int32_t take_token(struct pq_ctx * ctx, int slot) {
 /* pq_ctx_generate with one pass queued ahead (struct pq_model.decode_pipeline): pass i+1 is queued, its embedding
  * gathered on the GPU from pass i's token, before the host waits for that token, so the GPU does not wait on the
  * host. Where the next pass needs a new graph (the attended span grows every PQ_KV_PAD cells) it is queued after
- * the wait, from the host. When pass i's token is a stop token, pass i+1 has fed it already: the context then
- * holds the stop token too (n_past counts it), as a conversation continued after it needs. */
+ * the wait, from the host. When pass i's token is a stop token, pass i+1 has fed it already (its effect on the
+ * recurrent states cannot be undone), so the token that pass picked is returned too: as everywhere, every token
+ * returned but the last has been fed, and a caller that goes on after the stop token gets what a new call fed
+ * with it would give. */
 static int32_t generate_pipelined(pq_ctx * ctx, int32_t token, int32_t n_steps, const pq_sampling * s, bool greedy,
                                   const float * uniforms, const int32_t * stop, int32_t n_stop, int32_t * out_tokens) {
     const int32_t mode = greedy ? PQ_OUT_ARGMAX : PQ_OUT_SAMPLE;
@@ -409,8 +411,9 @@ static int32_t generate_pipelined(pq_ctx * ctx, int32_t token, int32_t n_steps, 
         out_tokens[i] = take_token(ctx, i % 2);
         for (int32_t j = 0; j < n_stop; ++j) {
             if (out_tokens[i] != stop[j]) continue;
-            if (ahead) take_token(ctx, (i + 1) % 2);  /* nothing in flight once this returns */
-            return i + 1;
+            if (!ahead) return i + 1;
+            out_tokens[i + 1] = take_token(ctx, (i + 1) % 2);  /* the pass queued ahead fed the stop token */
+            return i + 2;
         }
         if (!ahead && i + 1 < n_steps) {
             if (!greedy) pq_sampler_params(s, uniforms[i + 1], ctx->sampler_buf);

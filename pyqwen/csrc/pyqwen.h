@@ -102,9 +102,10 @@ PQ_API int pq_ctx_eval(pq_ctx * ctx, const int32_t * tokens, int32_t n_tokens, i
  * token it picked. Greedy (temperature <= 0, no penalty) is an argmax in the graph, anything else
  * the in-graph sampler: uniforms[i] in [0, 1) drives step i's draw (unused when greedy), and the
  * repetition penalty looks at the tail of history + the tokens picked so far. Stops after picking a
- * token listed in stop; with every layer on a CUDA GPU and no penalty the steps run pipelined, and a
- * stop token picked before the last step has then been fed as well (n_past counts it). Returns the
- * number of tokens written to out_tokens, or -1 on error. */
+ * token listed in stop, or one token later: with every layer on a CUDA GPU and no penalty the steps
+ * run pipelined, and a stop token picked before the last step has then been fed, so the token after
+ * it is returned too. Every token returned but the last has been fed (n_past counts them). Returns
+ * the number of tokens written to out_tokens, or -1 on error. */
 PQ_API int32_t pq_ctx_generate(pq_ctx * ctx, int32_t token, int32_t n_steps, const pq_sampling * sampling,
                                const int32_t * history, int32_t n_history, const float * uniforms,
                                const int32_t * stop, int32_t n_stop, int32_t * out_tokens);
