@@ -11,7 +11,7 @@ ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 G=$ROOT/vendor/ggml
 export HIP_PLATFORM=amd HIP_COMPILER=clang HIP_RUNTIME=rocclr  # hipcc would pick nvcc where CUDA is installed
 rc=0
-for f in ${HIP_CHECK_FILES:-pyqwen-deltanet.cu pyqwen-sample.cu gemv-il-ggml.cu ggml-cuda.cu}; do
+for f in ${HIP_CHECK_FILES:-pyqwen-deltanet.cu pyqwen-sample.cu pyqwen-embed.cu gemv-il-ggml.cu ggml-cuda.cu}; do
     for arch in ${HIP_CHECK_ARCHS:-gfx1030 gfx90a}; do
         log=$(mktemp)
         if hipcc -std=c++17 -O1 --offload-arch="$arch" -x hip -include "$ROOT/bench/hip/stub/rocm52_compat.h" \
