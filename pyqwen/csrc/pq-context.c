@@ -401,12 +401,12 @@ static int32_t generate_pipelined(pq_ctx * ctx, int32_t token, int32_t n_steps, 
     const int32_t mode = greedy ? PQ_OUT_ARGMAX : PQ_OUT_SAMPLE;
     for (int32_t j = 0; j < PQ_HISTORY; ++j) ctx->history_buf[j] = -1;  /* no repetition window here */
     if (!greedy) pq_sampler_params(s, uniforms[0], ctx->sampler_buf);
-    if (queue_pass(ctx, &token, mode, 0)) return -1;
+    if (queue_pass(ctx, &token, mode, 0)) goto fail;
     for (int32_t i = 0; i < n_steps; ++i) {
         const bool ahead = i + 1 < n_steps && kv_span(ctx->n_past + 1) == ctx->graph.n_kv;
         if (ahead) {
             if (!greedy) pq_sampler_params(s, uniforms[i + 1], ctx->sampler_buf);
-            if (queue_pass(ctx, NULL, mode, (i + 1) % 2)) return -1;
+            if (queue_pass(ctx, NULL, mode, (i + 1) % 2)) goto fail;
         }
         out_tokens[i] = take_token(ctx, i % 2);
         for (int32_t j = 0; j < n_stop; ++j) {
@@ -417,10 +417,13 @@ static int32_t generate_pipelined(pq_ctx * ctx, int32_t token, int32_t n_steps, 
         }
         if (!ahead && i + 1 < n_steps) {
             if (!greedy) pq_sampler_params(s, uniforms[i + 1], ctx->sampler_buf);
-            if (queue_pass(ctx, &out_tokens[i], mode, (i + 1) % 2)) return -1;
+            if (queue_pass(ctx, &out_tokens[i], mode, (i + 1) % 2)) goto fail;
         }
     }
     return n_steps;
+fail:
+    ggml_backend_synchronize(ctx->model->backend_gpu);  /* a pass may still be writing its token slot */
+    return -1;
 }
 #endif
 
