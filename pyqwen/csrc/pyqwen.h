@@ -70,7 +70,7 @@ typedef struct pq_sampling {
 /* Where a context's time went, accumulated over its life (pq_ctx_reset keeps them). */
 typedef struct pq_ctx_timings {
     int64_t n_passes;       /* forward passes run */
-    int64_t host_us;        /* host time in passes, outside waits for the device */
+    int64_t host_us;        /* host time in passes, outside waits for the device (pipelined decode: while the pass before runs) */
     int64_t wait_us;        /* time spent waiting for the device to finish a pass */
 } pq_ctx_timings;
 
