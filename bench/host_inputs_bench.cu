@@ -10,7 +10,9 @@
 // tokens back: the pass's wall time above the spin, for K = 1, 4 and 16. Last, the device loop as a
 // pipeline one pass deep: the host queues pass t+1 before it waits for pass t's token (a stop token
 // would waste one pass, not a batch), with 0 or 30 us of host work a pass (pyqwen's host us/tok is
-// 29-41), against the same host work in a round trip.
+// 29-41), against the same host work in a round trip; and pipelined with pq-context.c's three small
+// uploads a pass (kv_seen, position, cache index) from pageable or from pinned staging buffers, since a
+// copy from pageable memory may wait on the stream, which would undo the pipeline.
 //   nvcc -std=c++17 -O3 -arch=sm_90 bench/host_inputs_bench.cu -o /tmp/host_inputs_bench
 #include <cuda_runtime.h>
 #include <algorithm>
@@ -209,14 +211,32 @@ int main() {
         const auto t0 = std::chrono::steady_clock::now();
         while (std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() < us) {}
     };
+    // the small uploads of a pass, staged in pageable or pinned memory
+    const size_t n_small = SIZES[0] + SIZES[2] + SIZES[3];
+    unsigned char * d_small, * pinned_small, * pageable_small = (unsigned char *) malloc(n_small);
+    CHECK(cudaMalloc(&d_small, n_small));
+    CHECK(cudaMallocHost(&pinned_small, n_small));
+    enum Uploads { NONE, PAGEABLE, PINNED };
+    const char * upload_names[] = {"", ", 3 pageable uploads", ", 3 pinned uploads"};
     printf("\n| pass | host work us a pass | wall - spin us a pass |\n|---|---:|---:|\n");
     for (int round = 0; round < 2; ++round) {
         for (double work : {0.0, 30.0}) {
-            for (bool pipelined : {false, true}) {
+            for (int variant = 0; variant < 4; ++variant) {
+                const bool pipelined = variant > 0;
+                const Uploads uploads = variant == 2 ? PAGEABLE : variant == 3 ? PINNED : NONE;
                 int token = 777, pos = 0;
                 CHECK(cudaMemcpy(d_token, &token, sizeof(int), cudaMemcpyHostToDevice));
                 CHECK(cudaMemcpy(d_pos, &pos, sizeof(int), cudaMemcpyHostToDevice));
                 const auto queue = [&](int p) {
+                    if (uploads != NONE) {
+                        unsigned char * src = uploads == PINNED ? pinned_small : pageable_small;
+                        memset(src, p & 0xff, n_small);  // the host fills them for this pass, as set_pass_inputs does
+                        size_t offset = 0;
+                        for (int i : {0, 2, 3}) {
+                            CHECK(cudaMemcpyAsync(d_small + offset, src + offset, SIZES[i], cudaMemcpyHostToDevice, stream));
+                            offset += SIZES[i];
+                        }
+                    }
                     CHECK(cudaGraphLaunch(pexec, stream));
                     CHECK(cudaMemcpyAsync(&h_tok[p % 2], d_token, sizeof(int), cudaMemcpyDeviceToHost, stream));
                     CHECK(cudaEventRecord(done[p % 2], stream));
@@ -242,8 +262,8 @@ int main() {
                     take(p);
                 }
                 const double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
-                printf("| %s (round %d) | %.0f | %.2f |\n", pipelined ? "pipelined, one pass ahead" : "round trip", round + 1,
-                       work, us / n - spin_ns / 1000.0);
+                printf("| %s%s (round %d) | %.0f | %.2f |\n", pipelined ? "pipelined, one pass ahead" : "round trip",
+                       upload_names[uploads], round + 1, work, us / n - spin_ns / 1000.0);
             }
         }
     }
