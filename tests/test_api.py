@@ -195,31 +195,39 @@ def test_gpu_decode_matches_cpu():
         model.close()
 
 
-def test_generate_stops_and_continues():
-    """A decode call ends at a stop token, or one token later where the pipelined CUDA decode had fed the stop
-    token already; either way every token returned but the last has been fed, so a call fed with the last one
-    continues the greedy sequence unchanged (the pipeline once fed the stop token twice)."""
+def test_generate_stops_and_continues(tiny_gguf, monkeypatch):
+    """A decode call ends at a stop token, or one token later where the pipelined CUDA decode (an untied model
+    with every layer on the GPU) had fed the stop token already; either way every token returned but the last
+    has been fed, so a call fed with the last one continues the sequence of a decode without stops (the
+    pipeline once fed the stop token twice). The reference decodes with the pipeline off, on the same device."""
     from pyqwen._native import NativeContext, NativeModel, Sampling
 
-    with Llama(default_model_path(), n_ctx=256, n_gpu_layers=0) as cpu:
-        prompt = cpu.tokenize("def fibonacci(n):")
-        new = [t for t, _ in zip(cpu.generate(prompt, temperature=0.0), range(10))]
-    k = next(i for i in range(3, len(new)) if new[i] not in new[:i])
     greedy, none = Sampling(temperature=0.0).to_c(), np.array([], dtype=np.int32)
-    model = NativeModel(str(default_model_path()), n_gpu_layers=TEST_NGL, n_threads=None, verbose=False)
-    ctx = NativeContext(model, n_ctx=256, n_batch=512, type_k="f16", type_v="f16")
-    try:
-        ctx.eval(np.array(prompt[:-1]), logits="none")
-        picked = ctx.generate(prompt[-1], len(new), greedy, none, np.full(len(new), 0.5, np.float32),
-                              np.array([new[k]], dtype=np.int32)).tolist()
-        assert len(picked) in (k + 1, k + 2) and picked == new[:len(picked)]
-        assert ctx.n_past == len(prompt) - 1 + len(picked)
-        n_rest = len(new) - len(picked)
-        rest = ctx.generate(picked[-1], n_rest, greedy, none, np.full(n_rest, 0.5, np.float32), none).tolist()
-        assert picked + rest == new
-    finally:
-        ctx.close()
-        model.close()
+    uniforms = np.full(10, 0.5, np.float32)
+
+    def decode(pipeline: bool, prompt: list[int], stop: list[int], n: int, then: int = 0):
+        monkeypatch.setenv("PYQWEN_DECODE_PIPELINE", "1" if pipeline else "0")  # read at model load
+        model = NativeModel(str(tiny_gguf), n_gpu_layers=TEST_NGL, n_threads=None, verbose=False)
+        ctx = NativeContext(model, n_ctx=256, n_batch=512, type_k="f16", type_v="f16")
+        try:
+            ctx.eval(np.array(prompt[:-1]), logits="none")
+            picked = ctx.generate(prompt[-1], n, greedy, none, uniforms[:n], np.array(stop, dtype=np.int32)).tolist()
+            n_past = ctx.n_past
+            rest = ctx.generate(picked[-1], then, greedy, none, uniforms[:then], none).tolist() if then else []
+            return picked, n_past, rest
+        finally:
+            ctx.close()
+            model.close()
+
+    prompt = [5, 17, 42, 99, 7]
+    new, _, _ = decode(False, prompt, [], 10)
+    k = next(i for i in range(3, len(new)) if new[i] not in new[:i])
+    picked, n_past, rest = decode(True, prompt, [new[k]], 10, then=2)
+    assert len(picked) in (k + 1, k + 2) and picked == new[:len(picked)]
+    if TEST_NGL < 0:  # every layer on the GPU: pipelined, so the pass queued after the stop token has picked
+        assert len(picked) == k + 2
+    assert n_past == len(prompt) - 1 + len(picked)
+    assert picked + rest == new[:len(picked) + 2]
 
 
 @pytest.mark.parametrize("repeat_penalty", [1.3, 1.0])
