@@ -195,19 +195,23 @@ def test_gpu_decode_matches_cpu():
         model.close()
 
 
-def test_generate_stops_and_continues(tiny_gguf, monkeypatch):
-    """A decode call ends at a stop token, or one token later where the pipelined CUDA decode (an untied model
-    with every layer on the GPU) had fed the stop token already; either way every token returned but the last
-    has been fed, so a call fed with the last one continues the sequence of a decode without stops (the
-    pipeline once fed the stop token twice). The reference decodes with the pipeline off, on the same device."""
+@pytest.mark.parametrize("tied", [False, True])
+def test_generate_stops_and_continues(tiny_gguf, tiny_tied_gguf, monkeypatch, tied):
+    """A decode call ends at a stop token, or one token later where the pipelined CUDA decode (every layer and
+    the output on the GPU; with tied embeddings, a GPU copy of the table) had fed the stop token already; either
+    way every token returned but the last has been fed, so a call fed with the last one continues the sequence
+    of a decode without stops (the pipeline once fed the stop token twice). The reference decodes with the
+    pipeline off, on the same device."""
     from pyqwen._native import NativeContext, NativeModel, Sampling
+
+    path = tiny_tied_gguf if tied else tiny_gguf
 
     greedy, none = Sampling(temperature=0.0).to_c(), np.array([], dtype=np.int32)
     uniforms = np.full(10, 0.5, np.float32)
 
     def decode(pipeline: bool, prompt: list[int], stop: list[int], n: int, then: int = 0):
         monkeypatch.setenv("PYQWEN_DECODE_PIPELINE", "1" if pipeline else "0")  # read at model load
-        model = NativeModel(str(tiny_gguf), n_gpu_layers=TEST_NGL, n_threads=None, verbose=False)
+        model = NativeModel(str(path), n_gpu_layers=TEST_NGL, n_threads=None, verbose=False)
         ctx = NativeContext(model, n_ctx=256, n_batch=512, type_k="f16", type_v="f16")
         try:
             ctx.eval(np.array(prompt[:-1]), logits="none")

@@ -166,6 +166,11 @@ static bool type_supported(enum ggml_type t) {
     return tt->blck_size > 0 && tt->type_size > 0 && ggml_get_type_traits_cpu(t)->vec_dot != NULL;
 }
 
+/* The output's requirement when it loads the token table (tied embeddings, the output on the GPU). */
+static bool is_table_copy(const struct pq_model * m, const struct tensor_req * r) {
+    return r->dst == &m->output && strcmp(r->name, "token_embd.weight") == 0;
+}
+
 static void collect_requirements(struct pq_model * m, struct tensor_req * reqs, int * n_req) {
     const struct pq_hparams * hp = &m->hp;
     int n = 0;
@@ -313,13 +318,13 @@ static int init_backends(struct pq_model * m, const pq_model_params * p) {
     return 0;
 }
 
-/* The host's weights (with every layer and an untied output on the GPU: the token embeddings only) go to pinned
+/* The host's weights (with every layer and the output on the GPU: the token embeddings only) go to pinned
  * memory there, which the GPU reads as well: pq-context.c's pipelined decode gathers each pass's row from it.
  * PYQWEN_DECODE_PIPELINE=0 keeps them in ordinary memory, and every decode pass a round trip. */
 static ggml_backend_buffer_type_t cpu_weight_buffer_type(const struct pq_model * m) {
 #ifdef PYQWEN_WITH_CUDA
     const char * pipeline = getenv("PYQWEN_DECODE_PIPELINE");
-    const bool output_on_gpu = m->output_on_gpu && m->output != m->tok_embd;   /* a tied output stays on the host */
+    const bool output_on_gpu = m->output_on_gpu && m->output != m->tok_embd;   /* not tied to the host's table */
     if (m->backend_gpu && m->n_gpu_layers == m->hp.n_layer && output_on_gpu && !(pipeline && strcmp(pipeline, "0") == 0)) {
         return ggml_backend_cuda_host_buffer_type();
     }
@@ -409,6 +414,12 @@ int pq_model_load(const char * path, const pq_model_params * params, pq_model **
     for (int i = 0; i < n_req; ++i) {
         struct tensor_req * r = &reqs[i];
         r->src = ggml_get_tensor(meta, r->name);
+        if (!r->src && r->dst == &m->output && m->output_on_gpu) {
+            /* tied embeddings with the output on the GPU: a GPU copy of the table, as upstream's -ngl loads it;
+             * the lookup keeps the host's */
+            snprintf(r->name, sizeof(r->name), "token_embd.weight");
+            r->src = ggml_get_tensor(meta, r->name);
+        }
         if (!r->src) {
             if (r->optional) continue;
             pq_fail("tensor %s is missing", r->name);
@@ -424,6 +435,7 @@ int pq_model_load(const char * path, const pq_model_params * params, pq_model **
             r->gpu = false;
             r->type = r->src->type;
         }
+        if (is_table_copy(m, r) && !r->gpu) r->src = NULL;  /* no second copy on the host: the output stays tied */
     }
     for (int il = 0; il < m->hp.n_layer; ++il) {
         struct pq_layer * L = &m->layers[il];
@@ -446,6 +458,7 @@ int pq_model_load(const char * path, const pq_model_params * params, pq_model **
             if (pq_load_rotation(m, g, r->name, r->into, !r->f32_only && r->dst != &m->tok_embd)) goto done;
         }
         if (r->layer >= 0) m->layers[r->layer].on_gpu = r->gpu;
+        if (is_table_copy(m, r)) continue;  /* counted once */
         m->n_params += ggml_nelements(r->src);
         m->size_bytes += ggml_nbytes(r->src);
     }
