@@ -95,7 +95,7 @@ def repack(src: Path, dst: Path) -> None:
     """The wheel for the GPU machine: without the built-in model, the module needing libcuda.so.1 and finding
     the toolkit's libraries, LZMA-compressed, its RECORD rewritten to match."""
     with tempfile.TemporaryDirectory() as tmp, zipfile.ZipFile(src) as wheel:
-        names = [n for n in wheel.namelist() if not n.endswith(MODEL.split("/", 1)[1])]
+        names = [n for n in wheel.namelist() if n != MODEL]
         wheel.extractall(tmp, names)
         module = next(n for n in names if n.endswith(".so"))
         subprocess.run(["patchelf", "--add-needed", "libcuda.so.1", "--set-rpath", DEVICE_CUDA_LIBS, f"{tmp}/{module}"],
