@@ -164,20 +164,21 @@ class NativeContext:
         lib.pq_ctx_get_timings(self.ptr, t)
         return Timings(t.n_passes, t.host_us, t.wait_us)
 
-    def _check(self, tokens: np.ndarray) -> None:
-        check_token_ids(tokens, self.n_vocab)
-        if self.n_past + tokens.size > self.n_ctx:
+    def _check(self, tokens) -> np.ndarray:
+        """tokens as checked ids (check_token_ids) that fit in the context after what it holds."""
+        ids = check_token_ids(tokens, self.n_vocab)
+        if self.n_past + ids.size > self.n_ctx:
             raise ContextOverflowError(
-                f"{self.n_past} tokens in the context + {tokens.size} new exceed n_ctx={self.n_ctx}; "
+                f"{self.n_past} tokens in the context + {ids.size} new exceed n_ctx={self.n_ctx}; "
                 "use a larger n_ctx or a shorter prompt")
+        return ids
 
     def eval(self, tokens, *, logits: str = "last") -> np.ndarray | None:
         """Feed tokens; logits='all' returns [n, n_vocab], 'last' returns [n_vocab], 'none' None."""
-        ids = check_token_ids(tokens, self.n_vocab)
-        if ids.ndim != 1 or ids.size == 0:
+        shape = np.shape(tokens)
+        if len(shape) != 1 or shape[0] == 0:
             raise ValueError("expected a non-empty 1-D sequence of token ids")
-        self._check(ids)
-        toks = np.ascontiguousarray(ids, dtype=np.int32)
+        toks = np.ascontiguousarray(self._check(tokens), dtype=np.int32)
         out = None
         if logits == "all":
             out = np.empty((toks.size, self.n_vocab), dtype=np.float32)
