@@ -8,6 +8,9 @@ capture), and prints the median wall time per pass, the spread of its middle hal
 range), and its ratio to M = 1. A pass returns the logits of its last row, as a verify step reads
 them, so every M pays the same readback. The passes of one M run back to back, so drift between
 them moves the ratio: compare ratios only when their spreads are small against their difference.
+The host and wait columns split a pass (medians, from the context's timings): the host's own work
+(embedding rows, input uploads, graph launch) and the wait for the device, which holds the GPU time
+(with the CPU backend the whole pass is host time).
 """
 from __future__ import annotations
 
@@ -42,24 +45,29 @@ def main() -> int:
         for m in rows:
             ctx.reset()
             ctx.eval(rng.integers(0, n_vocab, size=a.depth), logits="none")
-            times = []
+            times, host_us, wait_us = [], [], []
             for step in range(a.steps + 2):
                 tokens = rng.integers(0, n_vocab, size=m)
+                before = ctx.timings()
                 t0 = time.perf_counter()
                 ctx.eval(tokens, logits="last")
+                t1 = time.perf_counter()
+                after = ctx.timings()
                 if step >= 2:
-                    times.append(time.perf_counter() - t0)
+                    times.append(t1 - t0)
+                    host_us.append(after.host_us - before.host_us)
+                    wait_us.append(after.wait_us - before.wait_us)
             q1, _, q3 = statistics.quantiles(times, n=4)
-            per_pass[m] = (statistics.median(times), q3 - q1)
+            per_pass[m] = (statistics.median(times), q3 - q1, statistics.median(host_us), statistics.median(wait_us))
     finally:
         ctx.close()
         model.close()
 
-    print(f"| rows | ms per pass | IQR ms | vs 1 row |  (depth {a.depth}, median of {a.steps} passes)")
-    print("|---:|---:|---:|---:|")
+    print(f"| rows | ms per pass | IQR ms | vs 1 row | host ms | wait ms |  (depth {a.depth}, median of {a.steps} passes)")
+    print("|---:|---:|---:|---:|---:|---:|")
     for m in rows:
-        med, iqr = per_pass[m]
-        print(f"| {m} | {1e3 * med:.3f} | {1e3 * iqr:.3f} | {med / per_pass[rows[0]][0]:.2f}x |")
+        med, iqr, host, wait = per_pass[m]
+        print(f"| {m} | {1e3 * med:.3f} | {1e3 * iqr:.3f} | {med / per_pass[rows[0]][0]:.2f}x | {1e-3 * host:.3f} | {1e-3 * wait:.3f} |")
     return 0
 
 
